@@ -1,0 +1,91 @@
+"""fa4cache: a persistent, single-flight kernel cache for FlashAttention-4.
+
+Example::
+
+    import fa4cache
+    fa4cache.install()                        # FA4's compile caches now go through the store
+    from flash_attn.cute import flash_attn_func
+
+    mask = fa4cache.make_document_mask(cu_seqlens)        # geometry lives in aux tensors
+    out = flash_attn_func(q, k, v, **mask)                # compiles once, for every layout
+
+    fa4cache.stats()["compiles"]                           # totals over all processes
+
+``import fa4cache`` is cheap: torch, cutlass, FA4 and Ray are imported only by the
+functions that need them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ConfigError,
+    CorruptArtifact,
+    FA4NotAvailable,
+    Fa4CacheError,
+    InsecurePath,
+    StoreLockTimeout,
+    UnstableKeyError,
+)
+from .settings import Settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "CorruptArtifact",
+    "FA4NotAvailable",
+    "Fa4CacheError",
+    "InsecurePath",
+    "Settings",
+    "StoreLockTimeout",
+    "UnstableKeyError",
+    "Store",
+    "install",
+    "uninstall",
+    "stats",
+    "env",
+    "make_document_mask",
+    "make_draft_block_mask",
+    "mask_template",
+    "AttentionMask",
+    "KernelSpec",
+]
+
+# Lazily resolved names: module they live in.
+_LAZY = {
+    "Store": "fa4cache.store",
+    "install": "fa4cache.adapters.flash_attn",
+    "uninstall": "fa4cache.adapters.flash_attn",
+    "stats": "fa4cache.stats",
+    "env": "fa4cache.ray_integration",
+    "make_document_mask": "fa4cache.masks",
+    "make_draft_block_mask": "fa4cache.masks",
+    "mask_template": "fa4cache.masks",
+    "AttentionMask": "fa4cache.masks",
+    "KernelSpec": "fa4cache.spec",
+}
+
+if TYPE_CHECKING:
+    from .adapters.flash_attn import install, uninstall
+    from .masks import AttentionMask, make_document_mask, make_draft_block_mask, mask_template
+    from .ray_integration import env
+    from .spec import KernelSpec
+    from .stats import stats
+    from .store import Store
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'fa4cache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,3 @@
+from fa4cache.cli import main
+
+raise SystemExit(main())

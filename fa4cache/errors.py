@@ -1,0 +1,43 @@
+"""Exceptions raised by fa4cache.
+
+Every error derives from :class:`Fa4CacheError`, so callers can catch one type;
+the subclasses say what went wrong without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class Fa4CacheError(Exception):
+    """Base class of every fa4cache error."""
+
+
+class ConfigError(Fa4CacheError, ValueError):
+    """A setting (environment variable, argument, placeholder) is invalid.
+
+    The message names the setting, so a misconfigured job fails loudly at start-up
+    instead of silently running without a cache.
+    """
+
+
+class UnstableKeyError(Fa4CacheError, TypeError):
+    """A compile-key element has no process-independent encoding.
+
+    Storing such a key would produce a different digest in every process: a cache that
+    never hits, or worse, one that hits for the wrong kernel.
+    """
+
+
+class StoreLockTimeout(Fa4CacheError, TimeoutError):
+    """Waiting for another process's lock on a store entry took longer than allowed."""
+
+
+class CorruptArtifact(Fa4CacheError):
+    """A stored artifact or its sidecar failed verification (checksum, size, format)."""
+
+
+class InsecurePath(Fa4CacheError, PermissionError):
+    """A cache path is a symlink, owned by another user, or writable by group/others."""
+
+
+class FA4NotAvailable(Fa4CacheError, ImportError):
+    """flash-attn-4 is missing, or its layout is not one this version of fa4cache knows."""

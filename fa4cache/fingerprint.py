@@ -1,0 +1,190 @@
+"""Toolchain fingerprint: the namespace that keeps kernels from different toolchains apart.
+
+A cached ``.o`` is only valid for the exact code generator that produced it. The
+fingerprint covers FA4's version *and* a digest of its ``flash_attn/cute`` sources
+(editable installs and local patches change code without changing the version), the
+CUTLASS DSL and its CUDA library variant, tvm-ffi, torch (its local tag carries the
+CUDA build), the Python tag, the target arch, and the environment knobs that change
+code generation. Computed from package metadata and file contents only: no import of
+torch, cutlass or FA4, so the CLI can compute it in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+
+# Knobs that only move files around, log, or pick the arch (the arch is recorded
+# resolved, so a CPU cross-compile with FLASH_ATTENTION_ARCH=sm_90 and a real H200
+# share entries).
+_IGNORED_KNOBS = {
+    "FLASH_ATTENTION_ARCH",
+    "CUTE_DSL_ARCH",
+    "FLASH_ATTENTION_NUM_SMS",
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED",
+    "CUTE_DSL_DUMP_DIR",
+    "CUTE_DSL_KEEP_CUBIN",
+    "CUTE_DSL_KEEP_PTX",
+    "CUTE_DSL_KEEP_IR",
+    "CUTE_DSL_PTXAS_VERBOSE",
+    "CUTE_DSL_LOG_LEVEL",
+    "CUTE_DSL_LOG_TO_CONSOLE",
+    "CUTE_DSL_LOG_TO_FILE",
+    "CUTE_DSL_PRINT_IR",
+    "CUTE_DSL_CACHE_DIR",
+    "CUTE_DSL_FILE_CACHING_CAPACITY",
+    "CUTE_DSL_DISABLE_FILE_CACHING",
+}
+_KNOB_PREFIXES = ("CUTE_DSL_", "FLASH_ATTENTION_", "CUTLASS_")
+
+DISTRIBUTIONS = (
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-cu12",
+    "nvidia-cutlass-dsl-libs-cu13",
+    "apache-tvm-ffi",
+    "quack-kernels",
+    "torch",
+)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What the fingerprint is made of; ``id`` names the store namespace."""
+
+    id: str
+    versions: tuple[tuple[str, str], ...]
+    fa4_source_digest: str
+    python: str
+    arch: int | None
+    knobs: tuple[tuple[str, str], ...]
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "versions": dict(self.versions),
+            "fa4_source_digest": self.fa4_source_digest,
+            "python": self.python,
+            "arch": self.arch,
+            "knobs": dict(self.knobs),
+        }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=4)
+def _fa4_source_digest_cached(signature: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for path, _size, _mtime in signature:
+        rel = path.split("flash_attn/cute/", 1)[-1]
+        h.update(rel.encode() + b"\0")
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(b"<unreadable>")
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def fa4_source_digest() -> str:
+    """Digest of every ``flash_attn/cute/**/*.py`` file of the installed FA4."""
+    try:
+        dist = metadata.distribution("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return "absent"
+    files = []
+    for f in dist.files or ():
+        s = str(f)
+        if s.startswith("flash_attn/cute/") and s.endswith(".py"):
+            p = str(dist.locate_file(f))
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            files.append((p, st.st_size, st.st_mtime_ns))
+    if not files:
+        # Editable install: metadata lists no files; find the package directory instead.
+        files = _editable_files()
+    return _fa4_source_digest_cached(tuple(sorted(files)))
+
+
+def _editable_files() -> list[tuple[str, int, int]]:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("flash_attn")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    out = []
+    for root in spec.submodule_search_locations:
+        cute_dir = os.path.join(root, "cute")
+        for dirpath, _dirs, names in os.walk(cute_dir):
+            for n in names:
+                if n.endswith(".py"):
+                    p = os.path.join(dirpath, n)
+                    st = os.stat(p)
+                    out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def parse_arch(text: str | None) -> int | None:
+    """``"sm_90a"`` / ``"90"`` / ``"9.0"`` -> 90."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(?:sm_?)?(\d+)(?:\.(\d+))?[a-z]?\s*", text.lower())
+    if not m:
+        return None
+    if m.group(2) is not None:
+        return int(m.group(1)) * 10 + int(m.group(2))
+    return int(m.group(1))
+
+
+def env_arch() -> int | None:
+    return parse_arch(os.environ.get("FLASH_ATTENTION_ARCH")) or parse_arch(os.environ.get("CUTE_DSL_ARCH"))
+
+
+def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    env = os.environ if environ is None else environ
+    return tuple(
+        sorted(
+            (k, v)
+            for k, v in env.items()
+            if k.startswith(_KNOB_PREFIXES) and k not in _IGNORED_KNOBS and not k.startswith("FA4CACHE_")
+        )
+    )
+
+
+def toolchain(arch: int | None = None) -> Toolchain:
+    """The current toolchain; ``arch`` defaults to the one named in the environment."""
+    arch = arch if arch is not None else env_arch()
+    versions = tuple((d, v) for d in DISTRIBUTIONS if (v := _version(d)) is not None)
+    src = fa4_source_digest()
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    knobs = codegen_knobs()
+    payload = json.dumps(
+        {"v": versions, "src": src, "py": py, "arch": arch, "knobs": knobs}, sort_keys=True
+    ).encode()
+    return Toolchain(
+        id=hashlib.sha256(payload).hexdigest()[:20],
+        versions=versions,
+        fa4_source_digest=src,
+        python=py,
+        arch=arch,
+        knobs=knobs,
+    )

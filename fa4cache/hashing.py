@@ -1,0 +1,168 @@
+"""Process-independent encodings and digests.
+
+Two jobs, both about making a hash mean the same thing in every process:
+
+* :func:`encode_key` turns one of FA4's compile-key tuples into canonical text.
+  Python's ``hash()`` is salted per process (``PYTHONHASHSEED``) and ``pickle``
+  output depends on object identity and protocol details, so neither may name a file
+  that another process must find. Anything without a stable encoding raises
+  :class:`~fa4cache.errors.UnstableKeyError` instead of yielding a key that silently
+  never hits.
+* :func:`source_digest` hashes a function by its source *and* the source of every
+  function it reaches (module globals, closure cells, nested helpers), never by
+  ``repr()``, which for a nested function embeds a memory address.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+import json
+import math
+import textwrap
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import UnstableKeyError
+
+KEY_FORMAT = 1
+
+
+def _encode(value: Any, path: str) -> Any:
+    # bool before int: bool is an int subclass, and True must not collide with 1.
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return {"i": str(value)}
+    if isinstance(value, float):
+        # float.hex is exact and spells nan/inf without JSON extensions.
+        return {"f": value.hex() if math.isfinite(value) else repr(value)}
+    if isinstance(value, enum.Enum):
+        cls = type(value)
+        return {"enum": f"{_qualified(cls, path)}.{value.name}"}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {"nt": _qualified(type(value), path), "v": [_encode(v, f"{path}.{f}") for f, v in zip(value._fields, value)]}
+    if isinstance(value, (tuple, list)):
+        return [_encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, frozenset):
+        items = sorted((json.dumps(_encode(v, path + "{}"), sort_keys=True) for v in value))
+        return {"set": items}
+    if isinstance(value, type):
+        return {"type": _qualified(value, path)}
+    tname = type(value).__name__
+    tmod = type(value).__module__
+    if tmod == "torch" and tname == "dtype":
+        return {"dtype": str(value)}
+    if tmod == "torch" and tname == "device":
+        return {"device": str(value)}
+    raise UnstableKeyError(
+        f"compile-key element {path} of type {tmod}.{tname} has no stable encoding "
+        f"(value {value!r:.80}); refusing to build a key that would differ between processes"
+    )
+
+
+def _qualified(cls: type, path: str) -> str:
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if "<locals>" in name or "<lambda>" in name:
+        raise UnstableKeyError(
+            f"compile-key element {path} is a locally defined type {name}; its name does not identify it"
+        )
+    return name
+
+
+def encode_key(key: Any) -> str:
+    """Canonical text of a compile key; equal keys give equal text in any process."""
+    return json.dumps(_encode(key, "key"), sort_keys=True, separators=(",", ":"))
+
+
+def key_digest(namespace: str, kind: str, encoded: str) -> str:
+    """Hex digest naming a store entry; the only key material ever used in a path."""
+    h = hashlib.sha256()
+    for part in (f"fa4cache-key-v{KEY_FORMAT}", namespace, kind, encoded):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def _function_source(fn: types.FunctionType) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        # No source (REPL, exec): fall back to the bytecode, which is stable for one
+        # interpreter version; the Python tag is part of the toolchain fingerprint.
+        return fn.__code__.co_code.hex() + repr(fn.__code__.co_consts)
+
+
+def _unwrap(fn: Any) -> Any:
+    seen = 0
+    while seen < 16:
+        inner = getattr(fn, "__wrapped__", None) or getattr(fn, "__func__", None)
+        if inner is None or inner is fn:
+            break
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def _code_names(code: types.CodeType) -> Iterable[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
+def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256) -> str:
+    """Digest of ``fn``'s source plus the source of every function it can reach.
+
+    Reached functions are the globals its code (nested code included) names and the
+    functions held in its closure cells, followed transitively within user code
+    (modules outside ``site-packages``' compiler libraries are not walked: a change to
+    FA4 or CUTLASS itself is covered by the toolchain fingerprint). ``extra`` strings
+    (specialisation values) are mixed in.
+    """
+    h = hashlib.sha256(b"fa4cache-source-v1\0")
+    seen: set[int] = set()
+    todo: list[Any] = [fn]
+    count = 0
+    while todo:
+        f = _unwrap(todo.pop())
+        if not isinstance(f, types.FunctionType) or id(f) in seen:
+            continue
+        seen.add(id(f))
+        count += 1
+        if count > max_functions:
+            raise UnstableKeyError(f"{fn!r} reaches more than {max_functions} functions; cannot hash it")
+        h.update(f"{f.__module__}.{f.__qualname__}\0".encode())
+        h.update(_function_source(f).encode())
+        h.update(b"\0")
+        for name in sorted(set(_code_names(f.__code__))):
+            target = f.__globals__.get(name)
+            if isinstance(target, types.FunctionType) and _is_user_code(target):
+                todo.append(target)
+        for cell in f.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+            value = _unwrap(value)
+            if isinstance(value, types.FunctionType):
+                todo.append(value)
+            else:
+                h.update(encode_key(value).encode())
+    for e in extra:
+        h.update(b"\0extra\0")
+        h.update(e.encode())
+    return h.hexdigest()
+
+
+def _is_user_code(fn: types.FunctionType) -> bool:
+    mod = fn.__module__ or ""
+    return not mod.startswith(("cutlass", "flash_attn", "torch", "quack", "tvm_ffi", "builtins"))
