@@ -1,0 +1,91 @@
+"""Kernel specs: a JSON-able description of an FA4 call, for ahead-of-time warming.
+
+The same format serves ``fa4cache warm --manifest``, ``warm --replay`` and the Ray
+``prewarm``. A spec names what selects kernels (dtype, head dims, head counts,
+mask, causal, backward), not the geometry: masks from :mod:`fa4cache.masks` compile
+once for every geometry, so one representative ``seqlen`` covers all lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DTYPES = ("bf16", "fp16")
+MASKS = ("none", "causal", "document", "document_window", "document_prefix", "document_bidirectional", "draft_block")
+HEAD_DIMS = (64, 96, 128, 192, 256)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What to compile: one forward (and optionally its backward) kernel set."""
+
+    dtype: str = "bf16"
+    head_dim: int = 128
+    head_dim_v: int | None = None
+    heads: int = 16
+    heads_kv: int | None = None
+    mask: str = "document"
+    backward: bool = True
+    seqlen: int = 1024
+    batch: int = 1
+    window: int = 256
+    block_size: int = 16
+    arch: str = "sm_90"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.mask not in MASKS:
+            raise ConfigError(f"mask: expected one of {', '.join(MASKS)}, got {self.mask!r}")
+        for name in ("head_dim", "heads", "seqlen", "batch", "window", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{name}: expected a positive int, got {v!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ConfigError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim}")
+        hkv = self.heads_kv or self.heads
+        if self.heads % hkv:
+            raise ConfigError(f"heads: {self.heads} query heads is not a multiple of {hkv} kv heads")
+        if self.arch not in ("sm_90", "sm_90a", "sm_100", "sm_100a"):
+            raise ConfigError(f"arch: expected sm_90 or sm_100, got {self.arch!r}")
+
+    @classmethod
+    def from_dict(cls, d: Any, *, where: str = "spec") -> KernelSpec:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        hkv = self.heads_kv or self.heads
+        return f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {self.mask}{' +bwd' if self.backward else ''}"
+
+
+def load_manifest(path: str | Path) -> list[KernelSpec]:
+    """Read a JSON list of spec objects; errors name the file and the entry."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"manifest {p}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"manifest {p}: not valid JSON ({e})") from None
+    if isinstance(data, dict) and "specs" in data:
+        data = data["specs"]
+    if not isinstance(data, list):
+        raise ConfigError(f"manifest {p}: expected a JSON list of specs")
+    return [KernelSpec.from_dict(d, where=f"manifest {p} entry {i}") for i, d in enumerate(data)]

@@ -1,0 +1,152 @@
+"""Compile kernel specs into the store without a GPU.
+
+FA4 cross-compiles for a named arch on the CPU when called under
+``torch._subclasses.fake_tensor.FakeTensorMode`` with ``device="cuda"`` tensors: the
+compile cache sees exactly the keys a real call on that arch would produce, so the
+kernels land in the store under the same digests. The backward is compiled by
+calling FA4's ``_flash_attn_bwd`` directly (autograd on fake CUDA tensors is not
+available on a CPU build of torch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import KernelSpec
+
+log = logging.getLogger(__name__)
+
+_ARCH_ENV = {"sm_90": ("sm_90", "sm_90a"), "sm_90a": ("sm_90", "sm_90a"), "sm_100": ("sm_100", "sm_100a"), "sm_100a": ("sm_100", "sm_100a")}
+
+
+def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
+    """Environment FA4 needs to compile for ``arch`` on a machine without that GPU.
+
+    Must run before FA4 is imported (FA4 reads it at import). Existing values win.
+    """
+    fa_arch, dsl_arch = _ARCH_ENV[arch]
+    os.environ.setdefault("FLASH_ATTENTION_ARCH", fa_arch)
+    os.environ.setdefault("CUTE_DSL_ARCH", dsl_arch)
+    os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", str(num_sms))
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    spec: KernelSpec
+    compiles: int
+    disk_hits: int
+    seconds: float
+    error: str | None = None
+
+
+def _fake_like(t: Any) -> Any:
+    import torch
+
+    if t is None:
+        return None
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cuda")
+
+
+def _fake_mask(mask: Any) -> dict[str, Any]:
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    def bs(x: Any) -> Any:
+        if x is None:
+            return None
+        return BlockSparseTensorsTorch(*(_fake_like(v) if hasattr(v, "stride") else v for v in x))
+
+    return {
+        "mask_mod": mask.mask_mod,
+        "aux_tensors": [_fake_like(t) for t in mask.aux_tensors],
+        "block_sparse_tensors": bs(mask.block_sparse_tensors),
+        "block_sparse_tensors_bwd": bs(mask.block_sparse_tensors_bwd),
+    }
+
+
+def build_mask(spec: KernelSpec) -> Any | None:
+    """A representative (CPU) mask for ``spec``; the geometry does not affect the kernel."""
+    import torch
+
+    from .masks import make_document_mask, make_draft_block_mask
+
+    T = spec.seqlen
+    if spec.mask in ("none", "causal"):
+        return None
+    if spec.mask == "draft_block":
+        ctx = max(T // 2, 1)
+        k = max((T - ctx) // spec.block_size, 1)
+        anchors = torch.linspace(0, ctx - 1, k).long().view(1, k).expand(spec.batch, k)
+        return make_draft_block_mask(anchors, context_len=ctx, block_size=spec.block_size)
+    n_docs = 3
+    cu = torch.tensor([0] + [T * (i + 1) // n_docs for i in range(n_docs)])
+    ids = torch.repeat_interleave(torch.arange(n_docs), cu[1:] - cu[:-1]).view(1, T).expand(spec.batch, T)
+    kwargs: dict[str, Any] = {"document_ids": ids}
+    if spec.mask == "document_window":
+        kwargs["window"] = spec.window
+    elif spec.mask == "document_prefix":
+        kwargs["prefix_lengths"] = torch.full((spec.batch, n_docs), 8)
+    elif spec.mask == "document_bidirectional":
+        kwargs["causal"] = False
+    return make_document_mask(**kwargs)
+
+
+def compile_spec(spec: KernelSpec) -> None:
+    """Run FA4 on fake CUDA tensors for ``spec`` (the store, if installed, keeps the kernels)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flash_attn.cute import interface as fi
+
+    from .adapters.flash_attn import record_spec
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    mask = build_mask(spec)
+    hkv = spec.heads_kv or spec.heads
+    dv = spec.head_dim_v or spec.head_dim
+    causal = spec.mask == "causal"
+    with record_spec(spec.to_dict()), FakeTensorMode():
+        B, T = spec.batch, spec.seqlen if mask is None else mask.seqlen
+        q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")
+        k = torch.empty(B, T, hkv, spec.head_dim, dtype=dtype, device="cuda")
+        v = torch.empty(B, T, hkv, dv, dtype=dtype, device="cuda")
+        mk = _fake_mask(mask) if mask is not None else {}
+        bwd_sparse = mk.pop("block_sparse_tensors_bwd", None)
+        out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, return_lse=True, **mk)
+        if spec.backward:
+            mk["block_sparse_tensors"] = bwd_sparse
+            fi._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=causal, **mk)
+
+
+def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
+    """Compile ``specs`` into the store in this process; returns one result per spec."""
+    import fa4cache
+
+    if specs:
+        set_cross_compile_env(specs[0].arch)
+    store = fa4cache.install(cache_dir)
+    results = []
+    for spec in specs:
+        before = dict(store.counters.values)
+        t0 = time.perf_counter()
+        err = None
+        try:
+            compile_spec(spec)
+        except Exception as e:  # one bad spec must not stop the others
+            err = f"{type(e).__name__}: {e}"
+            log.warning("fa4cache warm: %s failed: %s", spec.label(), err)
+        c = store.counters.values
+        results.append(
+            WarmResult(
+                spec=spec,
+                compiles=int(c["compiles"] - before["compiles"]),
+                disk_hits=int(c["disk_hits"] - before["disk_hits"]),
+                seconds=time.perf_counter() - t0,
+                error=err,
+            )
+        )
+    store.counters.flush()
+    return results
