@@ -1,0 +1,498 @@
+"""``fa4cache``: inspect and maintain a kernel store from the shell.
+
+Every command except ``warm`` and ``doctor`` works from files alone: no torch,
+cutlass, FA4 or Ray import, so ``fa4cache stats`` answers in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, Fa4CacheError
+from .settings import Settings, parse_duration, parse_size
+
+log = logging.getLogger(__name__)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    d = max(0.0, time.time() - ts)
+    for unit, s in (("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= s:
+            return f"{d / s:.0f}{unit} ago"
+    return f"{d:.0f}s ago"
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(args.cache_dir)
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from .store import Store
+
+    s = _settings(args)
+    if not s.cache_dir.exists():
+        raise ConfigError(f"cache directory {s.cache_dir} does not exist (nothing cached yet?)")
+    return Store(s)
+
+
+def _current_toolchain() -> str | None:
+    from .fingerprint import env_arch, toolchain
+
+    # The arch is part of the id; without a GPU query we only know it from the environment.
+    return toolchain(env_arch() or 90).id
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from . import counters
+    from .stats import collect
+
+    s = _settings(args)
+    if args.zero:
+        if not s.cache_dir.exists():
+            raise ConfigError(f"cache directory {s.cache_dir} does not exist")
+        counters.zero(s.cache_dir / "stats")
+        print(f"counters zeroed for {s.cache_dir}")
+        return 0
+    if (s.cache_dir / "stats").is_dir():
+        counters.compact(s.cache_dir / "stats")
+    st = collect(s.cache_dir, current_toolchain=_current_toolchain())
+    if args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+        return 0
+    rate = "-" if st["hit_rate"] is None else f"{100 * st['hit_rate']:.1f} %"
+    rows = [
+        ("Cache directory", st["cache_dir"]),
+        ("Entries", f"{st['entries']}  ({_human(st['bytes'])})"),
+        ("Hits", f"{st['hits']}  (memory {st['memory_hits']}, disk {st['disk_hits']})"),
+        ("Misses", str(st["misses"])),
+        ("Hit rate", rate),
+        ("Compiles", f"{st['compiles']}  ({st['compile_seconds']:.1f} s spent)"),
+        ("Compile time saved", f"{st['compile_seconds_saved']:.1f} s  (disk hits x mean compile time of their kind)"),
+        ("Load time", f"{st['load_seconds']:.3f} s"),
+        ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
+        ("Refused (insecure)", str(st["insecure"])),
+        ("Publish errors", str(st["publish_errors"])),
+        ("Lock waits", f"{st['lock_waits']}  ({st['lock_wait_seconds']:.1f} s, {st['lock_timeouts']} timed out)"),
+        ("Evictions", str(st["evictions"])),
+        ("Processes", str(st["processes"])),
+    ]
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v}")
+    if st["by_kind"]:
+        print("\nBy kind:")
+        print(f"  {'kind':<14}{'entries':>8}{'size':>12}{'compiles':>10}{'disk hits':>11}{'mem hits':>10}{'mean compile':>14}")
+        for kind, v in st["by_kind"].items():
+            mean = v.get("compile_seconds", 0) / v["compiles"] if v.get("compiles") else None
+            print(
+                f"  {kind:<14}{v.get('entries', 0):>8}{_human(v.get('bytes', 0)):>12}{int(v.get('compiles', 0)):>10}"
+                f"{int(v.get('disk_hits', 0)):>11}{int(v.get('memory_hits', 0)):>10}"
+                f"{('-' if mean is None else f'{mean:.2f} s'):>14}"
+            )
+    if st["by_toolchain"]:
+        print("\nBy toolchain:")
+        for tc, v in st["by_toolchain"].items():
+            mark = "  (current)" if v["current"] else ""
+            print(f"  {tc}  {v['entries']:>6} entries  {_human(v['bytes']):>10}{mark}")
+    if len(st["by_host"]) > 1:
+        print("\nBy host:")
+        for h, v in st["by_host"].items():
+            print(f"  {h:<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)")
+    return 0
+
+
+# --------------------------------------------------------------------------- ls / verify / prune / clear
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = _store(args)
+    rows = []
+    for e in store.iter_entries(kind=args.kind, sidecars=True):
+        side = e.sidecar or {}
+        summary = side.get("summary") or {}
+        rows.append(
+            {
+                "toolchain": e.ref.toolchain,
+                "kind": e.ref.kind,
+                "digest": e.ref.digest,
+                "size": e.size,
+                "compile_seconds": side.get("compile_seconds"),
+                "created": side.get("created"),
+                "last_used": side.get("last_used"),
+                "hits": side.get("hits", 0),
+                "summary": summary,
+                "spec": side.get("spec"),
+                "valid_sidecar": e.sidecar is not None,
+            }
+        )
+    rows.sort(key=lambda r: (r["kind"], -(r["last_used"] or 0)))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'kind':<12}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}")
+    for r in rows:
+        s = r["summary"]
+        spec = r["spec"] or {}
+        mask = spec.get("mask") or s.get("mask") or "-"
+        cs = r["compile_seconds"]
+        print(
+            f"{r['kind']:<12}{r['digest'][:12]:<14}{str(s.get('dtype', '-')):<10}{str(s.get('head_dim', '-')):>5}  "
+            f"{str(mask)[:13]:<14}{_human(r['size']):>10}{('-' if cs is None else f'{cs:.1f}s'):>9}  "
+            f"{_ago(r['last_used']):<12}{r['hits']:>6}"
+        )
+    print(f"{len(rows)} entries")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = _store(args)
+    rep = store.verify(repair=args.repair)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print(f"checked {rep['checked']} entries: {rep['ok']} ok, {len(rep['bad'])} bad, {len(rep['orphans'])} orphaned")
+        for b in rep["bad"] + rep["orphans"]:
+            print(f"  {b['kind']:<10} {b['digest'][:16]}  {b['problem']}")
+        if args.repair and rep["repaired"]:
+            print(f"quarantined/removed {rep['repaired']}")
+    if rep["clean"]:
+        return 0
+    return 0 if args.repair else 1
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    store = _store(args)
+    max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
+    older = parse_duration(args.older_than, setting="--older-than") if args.older_than else None
+    if args.fingerprint not in (None, "stale"):
+        raise ConfigError(f"--fingerprint: only 'stale' is supported, got {args.fingerprint!r}")
+    if max_size is None and older is None and args.fingerprint is None:
+        raise ConfigError("prune: give --max-size, --older-than and/or --fingerprint stale")
+    rep = store.prune(
+        max_size=max_size,
+        older_than=older,
+        stale_toolchains=args.fingerprint == "stale",
+        current_toolchain=_current_toolchain(),
+    )
+    store.counters.flush()
+    print(
+        f"removed {rep['removed']} entries ({_human(rep['freed_bytes'])}); "
+        f"{rep['remaining']} remain ({_human(rep['remaining_bytes'])})"
+    )
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("clear: refusing to clear without a terminal to confirm; pass --yes")
+        answer = input(f"Remove every entry{' and all counters' if args.all else ''} in {store.root}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    n = store.clear(everything=args.all)
+    print(f"removed {n} entries from {store.root}")
+    return 0
+
+
+# --------------------------------------------------------------------------- warm
+
+
+def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
+    from .spec import KernelSpec
+
+    heads, _, hkv = (args.heads or "16").partition(":")
+    try:
+        h = int(heads)
+        h_kv = int(hkv) if hkv else None
+    except ValueError:
+        raise ConfigError(f"--heads: expected N or N:M, got {args.heads!r}") from None
+    masks = args.mask or ["document"]
+    out = []
+    for dtype in args.dtype or ["bf16"]:
+        for hd in args.head_dim or [128]:
+            for m in masks:
+                mask = m
+                if m == "document" and args.window:
+                    mask = "document_window"
+                if m == "document" and args.causal is False:
+                    mask = "document_bidirectional"
+                out.append(
+                    KernelSpec(
+                        dtype=dtype, head_dim=hd, heads=h, heads_kv=h_kv, mask=mask, backward=args.backward,
+                        seqlen=args.seqlen, window=args.window or 256, arch=args.arch,
+                    )
+                )
+    return out
+
+
+def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
+    from .spec import KernelSpec
+
+    store = _store(args)
+    current = _current_toolchain()
+    seen: dict[str, Any] = {}
+    unreplayable = 0
+    for e in store.iter_entries(sidecars=True):
+        if e.ref.toolchain == current:
+            continue
+        spec = (e.sidecar or {}).get("spec")
+        if not isinstance(spec, dict):
+            unreplayable += 1
+            continue
+        try:
+            ks = KernelSpec.from_dict(spec)
+        except ConfigError:
+            unreplayable += 1
+            continue
+        seen[json.dumps(ks.to_dict(), sort_keys=True)] = ks
+    return list(seen.values()), unreplayable
+
+
+def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    from .spec import KernelSpec
+    from .warm import warm
+
+    r = warm([KernelSpec.from_dict(spec_dict)], cache_dir)[0]
+    return {"compiles": r.compiles, "disk_hits": r.disk_hits, "seconds": r.seconds, "error": r.error}
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from .spec import load_manifest
+
+    unreplayable = 0
+    if args.replay:
+        specs, unreplayable = _replay_specs(args)
+    elif args.manifest:
+        specs = load_manifest(args.manifest)
+    else:
+        specs = _specs_from_flags(args)
+    if not specs:
+        print("nothing to warm" + (f" ({unreplayable} old entries carry no replayable spec)" if unreplayable else ""))
+        return 0
+    cache_dir = str(_settings(args).cache_dir)
+    from .warm import set_cross_compile_env
+
+    set_cross_compile_env(specs[0].arch)
+    results: list[tuple[Any, dict[str, Any]]] = []
+    t0 = time.perf_counter()
+    progress = sys.stderr.isatty() and not args.quiet
+
+    def report(i: int, spec: Any, r: dict[str, Any]) -> None:
+        if progress:
+            done = int(30 * i / len(specs))
+            sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(specs)} {spec.label()[:40]:<40}")
+            sys.stderr.flush()
+
+    if args.jobs > 1 and len(specs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as ex:
+            futs = {ex.submit(_warm_worker, s.to_dict(), cache_dir): s for s in specs}
+            for i, f in enumerate(as_completed(futs), 1):
+                s = futs[f]
+                try:
+                    r = f.result()
+                except Exception as e:
+                    r = {"compiles": 0, "disk_hits": 0, "seconds": 0.0, "error": f"{type(e).__name__}: {e}"}
+                results.append((s, r))
+                report(i, s, r)
+    else:
+        for i, s in enumerate(specs, 1):
+            r = _warm_worker(s.to_dict(), cache_dir)
+            results.append((s, r))
+            report(i, s, r)
+    if progress:
+        sys.stderr.write("\n")
+    print(f"{'spec':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
+    failed = 0
+    for s, r in results:
+        status = "ok" if r["error"] is None else f"FAILED: {r['error'][:80]}"
+        failed += r["error"] is not None
+        print(f"{s.label():<44}{r['compiles']:>9}{r['disk_hits']:>9}{r['seconds']:>9.1f}  {status}")
+    total = sum(r["compiles"] for _, r in results)
+    print(f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s")
+    if unreplayable:
+        print(f"{unreplayable} entries of older toolchains carry no spec and were not replayed")
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- env / doctor
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    env = s.to_env()
+    # fa4cache replaces FA4's own disk cache; running both would store every kernel twice.
+    env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
+    for k in sorted(env):
+        if args.shell:
+            import shlex
+
+            print(f"export {k}={shlex.quote(env[k])}")
+        else:
+            print(f"{k}={env[k]}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from importlib import metadata
+
+    from .fingerprint import DISTRIBUTIONS, toolchain
+    from .fsinfo import NETWORK_FS, lock_works, mount_for
+
+    problems = 0
+
+    def line(status: str, what: str, detail: str) -> None:
+        nonlocal problems
+        problems += status == "FAIL"
+        print(f"[{status:^4}] {what:<22} {detail}")
+
+    for d in DISTRIBUTIONS:
+        try:
+            line("ok", d, metadata.version(d))
+        except metadata.PackageNotFoundError:
+            status = "FAIL" if d in ("flash-attn-4", "nvidia-cutlass-dsl", "torch") else "info"
+            if d.startswith("nvidia-cutlass-dsl-libs-cu"):
+                status = "info"
+            line(status, d, "not installed")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            cap = torch.cuda.get_device_capability()
+            line("ok", "GPU", f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), {torch.cuda.device_count()} device(s)")
+        else:
+            line("info", "GPU", "none: kernels can still be cross-compiled (fa4cache warm)")
+    except Exception as e:
+        line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
+    s = _settings(args)
+    line("ok", "cache directory", str(s.cache_dir))
+    line("info", "toolchain", toolchain().id)
+    root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
+    mnt, fstype = mount_for(root)
+    line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
+    if s.cache_dir.exists():
+        import stat as _stat
+
+        st = os.lstat(s.cache_dir)
+        mode = _stat.S_IMODE(st.st_mode)
+        own = hasattr(os, "getuid") and st.st_uid == os.getuid()
+        line("ok" if own and not mode & 0o022 else "FAIL", "permissions", f"mode {mode:o}, {'owned by you' if own else f'owner uid {st.st_uid}'}")
+        ok, detail = lock_works(s.cache_dir)
+        line("ok" if ok else "FAIL", "file locks", detail)
+    else:
+        line("info", "permissions", "directory not created yet")
+    import shutil
+
+    try:
+        du = shutil.disk_usage(root)
+        line("ok" if du.free > 1 << 30 else "warn", "free space", _human(du.free))
+    except OSError as e:
+        line("warn", "free space", str(e))
+    if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
+        line("warn", "FA4 own cache", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1: fa4cache replaces it; unset it to avoid storing kernels twice")
+    else:
+        line("ok", "FA4 own cache", "off (fa4cache handles persistence)")
+    return 1 if problems else 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
+    p.add_argument("--cache-dir", help="store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--zero", action="store_true", help="reset the counters (entries are kept)")
+    s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("ls", help="one line per entry")
+    s.add_argument("--kind")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    s = sub.add_parser("verify", help="check every entry's checksum and sidecar")
+    s.add_argument("--repair", action="store_true", help="quarantine bad entries")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
+    s.add_argument("--max-size")
+    s.add_argument("--older-than")
+    s.add_argument("--fingerprint", help="'stale': entries of other toolchains")
+    s.set_defaults(func=cmd_prune)
+
+    s = sub.add_parser("clear", help="remove every entry")
+    s.add_argument("--all", action="store_true", help="also counters and quarantine")
+    s.add_argument("--yes", action="store_true")
+    s.set_defaults(func=cmd_clear)
+
+    s = sub.add_parser("warm", help="compile kernel sets ahead of time, without a GPU")
+    s.add_argument("--dtype", action="append", choices=["bf16", "fp16"])
+    s.add_argument("--head-dim", action="append", type=int)
+    s.add_argument("--heads", help="query heads, or Q:KV for GQA (default 16)")
+    s.add_argument("--mask", action="append", help="none, causal, document, draft_block, ... (repeatable)")
+    s.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--window", type=int)
+    s.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--seqlen", type=int, default=1024)
+    s.add_argument("--arch", default="sm_90")
+    s.add_argument("--manifest", help="JSON list of specs")
+    s.add_argument("--replay", action="store_true", help="recompile what older toolchains recorded")
+    s.add_argument("-j", "--jobs", type=int, default=1)
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_warm)
+
+    s = sub.add_parser("env", help="environment to export for a job")
+    s.add_argument("--shell", action="store_true")
+    s.set_defaults(func=cmd_env)
+
+    s = sub.add_parser("doctor", help="check versions, GPU, directory, filesystem, locks")
+    s.set_defaults(func=cmd_doctor)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (Fa4CacheError, OSError, ValueError) as e:
+        print(f"fa4cache {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

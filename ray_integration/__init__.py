@@ -1,0 +1,14 @@
+"""Ray integration (installed as ``fa4cache.ray_integration``).
+
+``ray.init(runtime_env=fa4cache.env())`` makes every worker of the job use the store:
+the runtime_env forwards fa4cache's settings as environment variables and installs
+the store in each worker through ``worker_process_setup_hook``. Importing this
+module does not import Ray.
+"""
+
+from __future__ import annotations
+
+from .prewarm import prewarm
+from .runtime_env import env
+
+__all__ = ["env", "prewarm"]

@@ -1,0 +1,47 @@
+"""``worker_process_setup_hook``: install the store in a Ray worker.
+
+Imports neither torch nor FA4: FA4 is patched when the worker imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+from fa4cache.errors import ConfigError
+from fa4cache.settings import ENV_DIR, Settings
+
+from .runtime_env import ENV_CHAINED_HOOK, ENV_NODE_LOCAL
+
+log = logging.getLogger(__name__)
+_warned_network = False
+
+
+def setup() -> None:
+    """Resolve node-local paths, check the directory, install fa4cache, chain the user's hook."""
+    global _warned_network
+    from fa4cache.adapters.flash_attn import install
+    from fa4cache.fsinfo import is_network_fs, mount_for
+
+    settings = Settings.from_env()
+    if os.environ.get(ENV_NODE_LOCAL) == "1" and is_network_fs(settings.cache_dir) and not _warned_network:
+        _warned_network = True
+        mnt, fstype = mount_for(settings.cache_dir)
+        log.warning(
+            "fa4cache: %s=%s is on a network filesystem (%s at %s); file locks there are slow or "
+            "unreliable. Use a node-local path such as /var/tmp/fa4cache-{user} or /local/...",
+            ENV_DIR, settings.cache_dir, fstype, mnt,
+        )
+    store = install()
+    if not store.writable:
+        raise ConfigError(f"{ENV_DIR}={store.root}: cache directory is not usable in this worker (see the warning above)")
+    # Workers and the driver resolve placeholders the same way; export the resolved path
+    # so subprocesses of this worker (compile pools) use the same directory.
+    os.environ[ENV_DIR] = str(store.root)
+    chained = os.environ.get(ENV_CHAINED_HOOK)
+    if chained:
+        mod, _, fn = chained.rpartition(".")
+        if not mod:
+            raise ConfigError(f"{ENV_CHAINED_HOOK}: expected 'module.function', got {chained!r}")
+        getattr(importlib.import_module(mod), fn)()

@@ -1,0 +1,96 @@
+"""Build the runtime_env that carries fa4cache into Ray workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fa4cache.errors import ConfigError
+from fa4cache.settings import ENV_DIR, Settings, check_placeholders
+
+HOOK = "fa4cache.ray_integration.hook.setup"
+ENV_NODE_LOCAL = "FA4CACHE_NODE_LOCAL"
+ENV_CHAINED_HOOK = "FA4CACHE_CHAINED_SETUP_HOOK"
+# Placeholder-bearing default for node-local stores when no directory is given.
+NODE_LOCAL_DEFAULT = "/var/tmp/fa4cache-{user}"
+
+
+def _check_dir(raw: str, setting: str) -> None:
+    text = os.path.expanduser(raw)
+    check_placeholders(text, setting=setting)
+    if not os.path.isabs(text):
+        raise ConfigError(f"{setting}: cache directory must be an absolute path, got {raw!r}")
+    if "{" not in text:
+        p = Path(text)
+        probe = p
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"{setting}: {probe} is not writable, so {p} cannot be used as a cache directory")
+
+
+class ChainedHook:
+    """Picklable setup hook: install fa4cache, then run the user's own callable hook."""
+
+    def __init__(self, user_hook: Any) -> None:
+        self.user_hook = user_hook
+
+    def __call__(self) -> None:
+        from .hook import setup
+
+        setup()
+        self.user_hook()
+
+
+def env(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    node_local: bool = True,
+    runtime_env: dict[str, Any] | None = None,
+    prefer_user_env: bool = False,
+    **store_options: Any,
+) -> dict[str, Any]:
+    """A Ray ``runtime_env`` that makes every worker use the fa4cache store.
+
+    ``cache_dir`` may hold ``{node_id}``, ``{hostname}`` and ``{user}``, resolved in each
+    worker. With ``node_local=True`` and no ``cache_dir``, each node uses a local
+    directory (``$FA4CACHE_DIR`` if set in the driver, else ``/var/tmp/fa4cache-{user}``).
+    ``runtime_env`` is merged, not replaced: its ``env_vars`` are kept (on a name
+    clash fa4cache's value wins unless ``prefer_user_env``), and its own
+    ``worker_process_setup_hook`` still runs, after fa4cache's.
+
+    Example::
+
+        ray.init(runtime_env=fa4cache.env("/local/nvme/fa4cache-{user}"))
+    """
+    raw = os.fspath(cache_dir) if cache_dir is not None else os.environ.get(ENV_DIR)
+    if raw is None and node_local:
+        raw = NODE_LOCAL_DEFAULT
+    if raw is not None:
+        _check_dir(raw, "cache_dir" if cache_dir is not None else ENV_DIR)
+    # Validate the remaining options now (fails at env() time, not in a worker).
+    defaults = Settings.from_env("/" if raw is None else "/validate", **store_options)
+    ours = {k: v for k, v in defaults.to_env().items() if k != ENV_DIR}
+    if raw is not None:
+        ours[ENV_DIR] = raw
+    if node_local:
+        ours[ENV_NODE_LOCAL] = "1"
+    # FA4's own disk cache would store every kernel a second time.
+    ours["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
+
+    merged: dict[str, Any] = dict(runtime_env or {})
+    user_env = dict(merged.get("env_vars") or {})
+    env_vars = {**user_env, **ours} if not prefer_user_env else {**ours, **user_env}
+    user_hook = merged.get("worker_process_setup_hook")
+    if user_hook is None or user_hook == HOOK:
+        merged["worker_process_setup_hook"] = HOOK
+    elif isinstance(user_hook, str):
+        env_vars[ENV_CHAINED_HOOK] = user_hook
+        merged["worker_process_setup_hook"] = HOOK
+    elif callable(user_hook):
+        merged["worker_process_setup_hook"] = ChainedHook(user_hook)
+    else:
+        raise ConfigError(f"runtime_env['worker_process_setup_hook']: expected a module path or callable, got {user_hook!r}")
+    merged["env_vars"] = {k: str(v) for k, v in env_vars.items()}
+    return merged
