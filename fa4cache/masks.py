@@ -19,7 +19,6 @@ metadata in closed form (:mod:`fa4cache.blocksparse`).
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -76,7 +75,7 @@ class MaskTemplate:
             if mod is None:
                 mod = self.factory(**spec)
                 mod.__cute_hash__ = self.hash_for(**spec)  # type: ignore[attr-defined]
-                mod.__fa4cache_mask__ = {"template": self.name, "spec": json.loads(text)}  # type: ignore[attr-defined]
+                mod.__fa4cache_mask__ = {"template": self.name, "spec": dict(spec)}  # type: ignore[attr-defined]
                 self._mods[text] = mod
         return mod
 

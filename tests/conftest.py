@@ -1,0 +1,104 @@
+"""Shared fixtures: real processes, real compiles (cross-compiled for sm_90 on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+
+
+def have_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    if have_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200: benchmarks/gpu_run.sh)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def worker_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FA4CACHE_DIR"] = str(cache_dir)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def start_worker(cache_dir: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.worker", *args],
+        cwd=ROOT,
+        env=worker_env(cache_dir, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
+    res = json.loads(lines[-1][len("RESULT ") :])
+    res["stderr"] = err
+    return res
+
+
+def run_worker(cache_dir: Path, *args: str, **env: str) -> dict[str, Any]:
+    return finish(start_worker(cache_dir, *args, **env))
+
+
+def run_cli(cache_dir: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fa4cache", "--cache-dir", str(cache_dir), *args],
+        cwd=ROOT,
+        env=worker_env(cache_dir),
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="session")
+def doc_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store filled by one real process: 20 random document layouts, forward+backward.
+
+    This is the suite's one cold compile of the document-mask kernel set; tests copy
+    the directory rather than compile again.
+    """
+    d = tmp_path_factory.mktemp("doc_store") / "cache"
+    res = run_worker(d, "geometries", "--geometries", "20", "--seed", "7", PYTHONHASHSEED="1")
+    return {"dir": d, "result": res}
+
+
+@pytest.fixture
+def doc_store_copy(doc_store: dict[str, Any], tmp_path: Path) -> Path:
+    dst = tmp_path / "cache"
+    shutil.copytree(doc_store["dir"], dst, symlinks=True)
+    # Counters belong to the original process; a copy starts with none.
+    shutil.rmtree(dst / "stats")
+    (dst / "stats").mkdir(mode=0o700)
+    return dst

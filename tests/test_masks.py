@@ -1,0 +1,254 @@
+"""Issue 3 on the CPU: mask semantics, block-sparse metadata and hashes, against brute force."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fa4cache.blocksparse import classify_tiles  # noqa: E402
+from fa4cache.masks import make_document_mask, make_draft_block_mask  # noqa: E402
+
+from .conftest import ROOT, run_worker  # noqa: E402
+
+
+def brute_document(doc_of: list[int], causal: bool, window: int | None, prefix: dict[int, int] | None) -> Any:
+    """The definition, one (q, k) pair at a time."""
+    T = len(doc_of)
+    start = {}
+    for i, d in enumerate(doc_of):
+        start.setdefault((d, _run(doc_of, i)), i)
+    out = torch.zeros(T, T, dtype=torch.bool)
+    for q in range(T):
+        rq = _run(doc_of, q)
+        s = start[(doc_of[q], rq)]
+        for k in range(T):
+            if _run(doc_of, k) != rq:
+                continue
+            if causal:
+                p = (prefix or {}).get(rq, 0)
+                if q < s + p:  # inside the prefix: the whole prefix, both ways
+                    ok = k < s + p
+                else:
+                    ok = k <= q and (window is None or q - k <= window)
+            else:
+                ok = window is None or abs(q - k) <= window
+            out[q, k] = ok
+    return out
+
+
+_runs_cache: dict[int, list[int]] = {}
+
+
+def _run(doc_of: list[int], i: int) -> int:
+    key = id(doc_of)
+    if key not in _runs_cache or len(_runs_cache[key]) != len(doc_of):
+        runs, r = [], 0
+        for j in range(len(doc_of)):
+            if j and doc_of[j] != doc_of[j - 1]:
+                r += 1
+            runs.append(r)
+        _runs_cache[key] = runs
+    return _runs_cache[key][i]
+
+
+def twin(mask: Any) -> Any:
+    """Pure-torch twin of the mask_mod: the same formula, on the aux tensors it reads."""
+    T = mask.seqlen
+    q = torch.arange(T).view(T, 1)
+    k = torch.arange(T).view(1, T)
+    out = []
+    for b in range(mask.batch):
+        if mask.mask_mod.__fa4cache_mask__["template"] == "fa4cache.draft_block":
+            bs = mask.mask_mod.__fa4cache_mask__["spec"]["block_size"]
+            c = mask.aux_tensors[0][b, :T].view(T, 1).long()
+            s = mask.aux_tensors[1][b, :T].view(T, 1).long()
+            out.append((k < c) | ((k >= s) & (k < s + bs)))
+        elif len(mask.aux_tensors) == 1:
+            lo = mask.aux_tensors[0][b, :T].view(T, 1).long()
+            out.append((k >= lo) & (k <= q))
+        else:
+            lo = mask.aux_tensors[0][b, :T].view(T, 1).long()
+            hi = mask.aux_tensors[1][b, :T].view(T, 1).long()
+            out.append((k >= lo) & (k < hi))
+    return torch.stack(out)
+
+
+def random_layout(rng: random.Random, T: int) -> list[int]:
+    n = rng.randint(1, min(6, T))
+    cuts = sorted(rng.sample(range(1, T), n - 1)) if n > 1 else []
+    bounds = [0, *cuts, T]
+    return [d for d in range(n) for _ in range(bounds[d + 1] - bounds[d])]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("variant", ["causal", "bidirectional", "window", "bidir_window", "prefix"])
+def test_document_mask_matches_definition(seed: int, variant: str) -> None:
+    rng = random.Random(seed * 31 + sum(map(ord, variant)))
+    T = rng.randint(5, 70)
+    doc_of = random_layout(rng, T)
+    n_docs = doc_of[-1] + 1
+    cu = torch.tensor([0] + [sum(1 for d in doc_of if d <= i) for i in range(n_docs)])
+    causal = variant in ("causal", "window", "prefix")
+    window = rng.randint(0, 9) if "window" in variant else None
+    prefix = {d: rng.randint(0, 8) for d in range(n_docs)} if variant == "prefix" else None
+    kw: dict[str, Any] = {"causal": causal, "window": window, "block_size": (8, 8)}
+    if prefix is not None:
+        kw["prefix_lengths"] = torch.tensor([prefix[d] for d in range(n_docs)])
+    expected = brute_document(doc_of, causal, window, prefix)
+    m = make_document_mask(cu, **kw)
+    assert torch.equal(m.dense()[0], expected)
+    assert torch.equal(twin(m)[0], expected)
+    # The same mask from document ids (2 rows with different layouts).
+    doc2 = random_layout(rng, T)
+    ids = torch.tensor([doc_of, [d + 100 for d in doc2]])
+    kw2 = dict(kw)
+    if prefix is not None:
+        n2 = doc2[-1] + 1
+        p2 = [prefix.get(d, 0) for d in range(max(n_docs, n2))]
+        kw2["prefix_lengths"] = torch.tensor([p2, p2])
+        prefix2 = {d: p2[d] for d in range(n2)}
+    else:
+        prefix2 = None
+    m2 = make_document_mask(document_ids=ids, **kw2)
+    assert torch.equal(m2.dense()[0], expected)
+    assert torch.equal(m2.dense()[1], brute_document(doc2, causal, window, prefix2))
+    assert torch.equal(twin(m2), m2.dense())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_draft_block_mask_matches_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    bs = rng.choice([2, 3, 4, 8])
+    ctx = rng.randint(1, 40)
+    K = rng.randint(1, 5)
+    anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)] for _ in range(2)])
+    m = make_draft_block_mask(anchors, context_len=ctx, block_size=bs, sparse_block_size=(8, 8))
+    T = ctx + K * bs
+    for b in range(2):
+        exp = torch.zeros(T, T, dtype=torch.bool)
+        for q in range(T):
+            for k in range(T):
+                if q < ctx:
+                    exp[q, k] = k <= q
+                else:
+                    j = (q - ctx) // bs
+                    own = ctx + j * bs <= k < ctx + (j + 1) * bs
+                    exp[q, k] = own or k <= int(anchors[b, j])
+        assert torch.equal(m.dense()[b], exp)
+        assert torch.equal(twin(m)[b], exp)
+
+
+def brute_tiles(dense: Any, bq: int, bk: int) -> tuple[Any, Any]:
+    B, T, S = dense.shape
+    M, N = -(-T // bq), -(-S // bk)
+    partial = torch.zeros(B, M, N, dtype=torch.bool)
+    full = torch.zeros(B, M, N, dtype=torch.bool)
+    for b in range(B):
+        for i in range(M):
+            for j in range(N):
+                tile = dense[b, i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
+                whole_width = (j + 1) * bk <= S
+                if tile.all() and whole_width:
+                    full[b, i, j] = True
+                elif tile.any():
+                    partial[b, i, j] = True
+    return partial, full
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_block_sparse_metadata_matches_brute_force(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    T = rng.randint(20, 300)
+    bq, bk = rng.choice([(8, 8), (16, 8), (8, 16), (32, 32)])
+    doc_of = random_layout(rng, T)
+    ids = torch.tensor([doc_of])
+    kw: dict[str, Any] = {"causal": rng.random() < 0.7}
+    if rng.random() < 0.4:
+        kw["window"] = rng.randint(0, 40)
+    m = make_document_mask(document_ids=ids, block_size=(bq, bk), **kw)
+    exp_p, exp_f = brute_tiles(m.dense(), bq, bk)
+    part, full = classify_tiles(*m.intervals, seqlen_q=T, seqlen_k=T, block_q=bq, block_k=bk)
+    # Document masks are monotone intervals: the closed form is exact.
+    assert torch.equal(full, exp_f)
+    assert torch.equal(part, exp_p)
+    fwd = m.block_sparse_tensors
+    for i in range(part.shape[1]):
+        cnt = int(fwd.mask_block_cnt[0, 0, i])
+        assert fwd.mask_block_idx[0, 0, i, :cnt].tolist() == torch.nonzero(part[0, i]).flatten().tolist()
+        fcnt = int(fwd.full_block_cnt[0, 0, i])
+        assert fwd.full_block_idx[0, 0, i, :fcnt].tolist() == torch.nonzero(full[0, i]).flatten().tolist()
+    bwd = m.block_sparse_tensors_bwd
+    for j in range(part.shape[2]):
+        cnt = int(bwd.mask_block_cnt[0, 0, j])
+        assert bwd.mask_block_idx[0, 0, j, :cnt].tolist() == torch.nonzero(part[0, :, j]).flatten().tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_draft_block_metadata_is_safe(seed: int) -> None:
+    # Two intervals per row: the closed form may call a full tile partial, never the reverse,
+    # and never skips a tile with a visible key.
+    rng = random.Random(seed)
+    ctx, K, bs = rng.randint(8, 100), rng.randint(1, 6), rng.choice([4, 8, 16])
+    anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)]])
+    m = make_draft_block_mask(anchors, context_len=ctx, block_size=bs, sparse_block_size=(16, 16))
+    exp_p, exp_f = brute_tiles(m.dense(), 16, 16)
+    part, full = classify_tiles(*m.intervals, seqlen_q=m.seqlen, seqlen_k=m.seqlen, block_q=16, block_k=16)
+    assert not (full & ~exp_f).any()
+    assert not ((exp_p | exp_f) & ~(part | full)).any()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cu_seqlens": torch.tensor([0, 5, 3, 9])}, "cu_seqlens: offsets must be non-decreasing"),
+        ({"cu_seqlens": torch.tensor([1, 5])}, "cu_seqlens: must start at 0"),
+        ({"cu_seqlens": torch.tensor([0.0, 5.0])}, "cu_seqlens: expected an integer dtype"),
+        ({"cu_seqlens": torch.tensor([0, 2**40])}, "cu_seqlens: values do not fit in int32"),
+        ({"cu_seqlens": torch.tensor([0, 5]), "seqlen": 6}, "does not match seqlen=6"),
+        ({"cu_seqlens": torch.tensor([0, 5]), "window": -1}, "window: expected a non-negative int"),
+        ({"cu_seqlens": torch.tensor([0, 5]), "causal": False, "prefix_lengths": torch.tensor([1])}, "prefix_lengths"),
+        ({"cu_seqlens": torch.tensor([0, 5]), "prefix_lengths": torch.tensor([1, 2])}, r"prefix_lengths: expected shape \[1\]"),
+        ({}, "exactly one of cu_seqlens or document_ids"),
+        ({"document_ids": torch.zeros(5, dtype=torch.long)}, "document_ids: expected \\[batch, seqlen\\]"),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_document_mask(**kwargs)
+
+
+def test_check_against_q() -> None:
+    m = make_document_mask(torch.tensor([0, 10, 30]))
+    m.check(torch.empty(1, 30, 2, 64))
+    with pytest.raises(ValueError, match="does not match the mask's batch=1, seqlen=30"):
+        m.check(torch.empty(1, 31, 2, 64))
+    with pytest.raises(ValueError, match="anchors: every anchor must lie in the context"):
+        make_draft_block_mask(torch.tensor([[5]]), context_len=5, block_size=4)
+
+
+def test_mask_is_a_mapping_for_flash_attn_func() -> None:
+    m = make_document_mask(torch.tensor([0, 100, 300]))
+    kw = dict(**m)
+    assert set(kw) == {"mask_mod", "aux_tensors", "block_sparse_tensors", "block_sparse_tensors_bwd"}
+    assert kw["aux_tensors"][0].dtype == torch.int32 and kw["aux_tensors"][0].is_contiguous()
+
+
+def test_hashes_stable_across_processes_and_seeds(tmp_path: Any) -> None:
+    a = run_worker(tmp_path, "hashes", PYTHONHASHSEED="1")
+    b = run_worker(tmp_path, "hashes", PYTHONHASHSEED="777")
+    keys = ("causal", "interval", "draft16", "draft8")
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    assert len({a[k] for k in keys}) == 4  # each specialisation its own code, its own hash
+    assert a["same_object"] is True
+    from fa4cache.masks import interval_mask
+
+    assert interval_mask(causal=True).__cute_hash__ == a["causal"]
+    # Geometry never reaches the hash.
+    m1 = make_document_mask(torch.tensor([0, 3, 50]))
+    m2 = make_document_mask(torch.tensor([0, 40, 41, 90, 100]), window=7)
+    assert m1.mask_mod is m2.mask_mod
+    assert str(ROOT)  # the worker ran from the repository

@@ -1,0 +1,111 @@
+"""A real process that uses fa4cache the way a training job does; tests run it as a subprocess.
+
+Prints one JSON line (prefixed ``RESULT ``) with what this process did.
+Usage: python -m tests.worker ACTION [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# Cross-compile for an H200 on the CPU (must precede FA4's import).
+os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+
+
+def _result(**kw: object) -> None:
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("action", choices=["compile", "hashes", "lazy", "geometries"])
+    p.add_argument("--mask", default="document")
+    p.add_argument("--seqlen", type=int, default=1024)
+    p.add_argument("--no-backward", action="store_true")
+    p.add_argument("--geometries", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-file", help="start compiling only once this file exists (to line processes up)")
+    p.add_argument("--marker", help="touch this file right before the first FA4 call")
+    a = p.parse_args()
+
+    if a.action == "lazy":
+        import fa4cache
+
+        store = fa4cache.install()
+        heavy = sorted(m for m in ("torch", "cutlass", "ray", "flash_attn") if m in sys.modules)
+        _result(heavy=heavy, root=str(store.root))
+        return
+
+    if a.action == "hashes":
+        from fa4cache.masks import draft_block_mask, interval_mask
+
+        _result(
+            causal=interval_mask(causal=True).__cute_hash__,
+            interval=interval_mask(causal=False).__cute_hash__,
+            draft16=draft_block_mask(block_size=16).__cute_hash__,
+            draft8=draft_block_mask(block_size=8).__cute_hash__,
+            same_object=interval_mask(causal=True) is interval_mask(causal=True),
+        )
+        return
+
+    import fa4cache
+    from fa4cache.spec import KernelSpec
+
+    store = fa4cache.install()
+    if a.wait_file:
+        while not os.path.exists(a.wait_file):
+            time.sleep(0.01)
+    t0 = time.perf_counter()
+    if a.action == "compile":
+        from fa4cache.warm import compile_spec
+
+        if a.marker:
+            open(a.marker, "w").close()
+        compile_spec(KernelSpec(mask=a.mask, seqlen=a.seqlen, backward=not a.no_backward))
+    else:  # geometries: random document layouts, one FA4 forward+backward each
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from fa4cache.masks import make_document_mask
+        from fa4cache.warm import _fake_mask
+        from flash_attn.cute import interface as fi
+
+        g = torch.Generator().manual_seed(a.seed)
+        for _ in range(a.geometries):
+            T = int(torch.randint(256, 4096, (1,), generator=g))
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            cuts = torch.sort(torch.randperm(T - 1, generator=g)[: n - 1] + 1).values
+            cu = torch.cat([torch.tensor([0]), cuts, torch.tensor([T])])
+            mask = make_document_mask(cu)
+            with FakeTensorMode():
+                q = torch.empty(1, T, 4, 128, dtype=torch.bfloat16, device="cuda")
+                mk = _fake_mask(mask)
+                bwd = mk.pop("block_sparse_tensors_bwd")
+                out, lse, *_ = fi._flash_attn_fwd(q, q, q, return_lse=True, **mk)
+                if not a.no_backward:
+                    mk["block_sparse_tensors"] = bwd
+                    fi._flash_attn_bwd(q, q, q, out, torch.empty_like(out), lse, **mk)
+    seconds = time.perf_counter() - t0
+    store.counters.flush()
+    c = store.counters.values
+    _result(
+        pid=os.getpid(),
+        seconds=seconds,
+        compiles=int(c["compiles"]),
+        misses=int(c["misses"]),
+        disk_hits=int(c["disk_hits"]),
+        corrupt=int(c["corrupt"]),
+        publish_errors=int(c["publish_errors"]),
+        lock_waits=int(c["lock_waits"]),
+        memory_hits=sum(p.cache.memory_hits for p in __import__("fa4cache.adapters.flash_attn", fromlist=["x"])._installed.patches),
+    )
+
+
+if __name__ == "__main__":
+    main()
