@@ -16,20 +16,22 @@ from .conftest import ROOT, run_worker  # noqa: E402
 
 
 def brute_document(doc_of: list[int], causal: bool, window: int | None, prefix: dict[int, int] | None) -> Any:
-    """The definition, one (q, k) pair at a time."""
+    """The definition, one (q, k) pair at a time. Documents are the runs of equal ids."""
     T = len(doc_of)
+    run = [0] * T
+    for j in range(1, T):
+        run[j] = run[j - 1] + (doc_of[j] != doc_of[j - 1])
     start = {}
-    for i, d in enumerate(doc_of):
-        start.setdefault((d, _run(doc_of, i)), i)
+    for i in range(T):
+        start.setdefault(run[i], i)
     out = torch.zeros(T, T, dtype=torch.bool)
     for q in range(T):
-        rq = _run(doc_of, q)
-        s = start[(doc_of[q], rq)]
+        s = start[run[q]]
         for k in range(T):
-            if _run(doc_of, k) != rq:
+            if run[k] != run[q]:
                 continue
             if causal:
-                p = (prefix or {}).get(rq, 0)
+                p = (prefix or {}).get(run[q], 0)
                 if q < s + p:  # inside the prefix: the whole prefix, both ways
                     ok = k < s + p
                 else:
@@ -38,21 +40,6 @@ def brute_document(doc_of: list[int], causal: bool, window: int | None, prefix: 
                 ok = window is None or abs(q - k) <= window
             out[q, k] = ok
     return out
-
-
-_runs_cache: dict[int, list[int]] = {}
-
-
-def _run(doc_of: list[int], i: int) -> int:
-    key = id(doc_of)
-    if key not in _runs_cache or len(_runs_cache[key]) != len(doc_of):
-        runs, r = [], 0
-        for j in range(len(doc_of)):
-            if j and doc_of[j] != doc_of[j - 1]:
-                r += 1
-            runs.append(r)
-        _runs_cache[key] = runs
-    return _runs_cache[key][i]
 
 
 def twin(mask: Any) -> Any:
