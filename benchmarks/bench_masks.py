@@ -1,0 +1,145 @@
+"""Document-mask attention on the GPU: fa4cache masks vs FA4 varlen, a bare mask_mod and flex_attention.
+
+Same data for every method: one packed row of random documents (256-4096 tokens),
+16 heads, head dim 128, bf16. Also times the block-sparse metadata build against
+flex's ``create_block_mask``. Prints a table and saves it under benchmarks/results/.
+
+    python benchmarks/bench_masks.py [--lengths 16384 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+from common import save, table
+
+
+def doc_lengths(total: int, rng: random.Random) -> list[int]:
+    out, left = [], total
+    while left > 0:
+        n = min(left, rng.randint(256, 4096))
+        out.append(n)
+        left -= n
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--no-flex", action="store_true")
+    a = p.parse_args()
+
+    import torch
+    import triton.testing as tt
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    fa4cache.install()
+    H, D = a.heads, a.head_dim
+    rows: list[list[Any]] = []
+    meta_rows: list[list[Any]] = []
+    data: dict[str, Any] = {"runs": []}
+
+    def bench(fn: Any) -> float:
+        return float(tt.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+    for T in a.lengths:
+        rng = random.Random(T)
+        lens = doc_lengths(T, rng)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        maxlen = max(lens)
+        q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        dout = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+        q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (q, k, v))
+        dout4 = dout.unsqueeze(0)
+        # Useful work: causal attention inside each document.
+        flops_fwd = sum(4 * n * (n + 1) / 2 * D * H for n in lens)
+
+        mask = make_document_mask(cu, seqlen=T)
+        bare = {"mask_mod": mask.mask_mod, "aux_tensors": mask.aux_tensors}
+
+        def first(x: Any) -> Any:
+            return x[0] if isinstance(x, tuple) else x
+
+        methods: dict[str, tuple[Any, Any]] = {
+            "FA4 varlen (anchor)": (
+                lambda: first(flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen, causal=True)),
+                dout,
+            ),
+            "fa4cache document mask": (lambda: first(flash_attn_func(q4, k4, v4, **mask)), dout4),
+            "bare mask_mod (no block sparsity)": (lambda: first(flash_attn_func(q4, k4, v4, **bare)), dout4),
+        }
+        if not a.no_flex:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+
+            def doc_causal(b: Any, h: Any, qi: Any, ki: Any) -> Any:
+                return (doc[qi] == doc[ki]) & (qi >= ki)
+
+            bm = create_block_mask(doc_causal, 1, 1, T, T, device="cuda")
+            flex = torch.compile(flex_attention)
+            qt, kt, vt = (t.detach().unsqueeze(0).transpose(1, 2).requires_grad_() for t in (q, k, v))
+            doutt = dout.unsqueeze(0).transpose(1, 2)
+            methods["flex_attention + BlockMask"] = (lambda: flex(qt, kt, vt, block_mask=bm), doutt)
+            meta_rows.append(
+                [T, "flex create_block_mask", bench(lambda: create_block_mask(doc_causal, 1, 1, T, T, device="cuda"))]
+            )
+        meta_rows.append([T, "fa4cache make_document_mask", bench(lambda: make_document_mask(cu, seqlen=T, validate=False))])
+
+        # Correctness against the anchor before timing anything.
+        ref = methods["FA4 varlen (anchor)"][0]().detach().float()
+        res: dict[str, dict[str, float]] = {}
+        for name, (fwd, g) in methods.items():
+            o = fwd().detach().float().reshape(ref.shape) if "flex" not in name else fwd().detach().transpose(1, 2).float().reshape(ref.shape)
+            err = float((o - ref).norm() / ref.norm())
+            t_f = bench(fwd)
+
+            def fb(fwd: Any = fwd, g: Any = g) -> None:
+                fwd().backward(g)
+
+            t_fb = bench(fb)
+            res[name] = {"fwd_ms": t_f, "fwd_bwd_ms": t_fb, "rel_err_vs_varlen": err}
+        anchor = res["FA4 varlen (anchor)"]
+        for name, r in res.items():
+            rows.append(
+                [
+                    T,
+                    name,
+                    r["fwd_ms"],
+                    r["fwd_bwd_ms"],
+                    f"{100 * anchor['fwd_ms'] / r['fwd_ms']:.0f}%",
+                    f"{100 * anchor['fwd_bwd_ms'] / r['fwd_bwd_ms']:.0f}%",
+                    flops_fwd * 3.5 / (r["fwd_bwd_ms"] * 1e-3) / 1e12,
+                    f"{r['rel_err_vs_varlen']:.1e}",
+                ]
+            )
+        data["runs"].append({"tokens": T, "documents": len(lens), "results": res})
+    flex_rows = {(r[0], r[1]): r for r in rows}
+    ratios = []
+    for T in a.lengths:
+        ours = flex_rows.get((T, "fa4cache document mask"))
+        fl = flex_rows.get((T, "flex_attention + BlockMask"))
+        if ours and fl:
+            ratios.append([T, fl[2] / ours[2], fl[3] / ours[3]])
+    sections = [
+        (
+            "Forward and forward+backward (median ms; % of FA4 varlen throughput)",
+            table(["tokens", "method", "fwd ms", "fwd+bwd ms", "fwd vs varlen", "fwd+bwd vs varlen", "fwd+bwd TFLOP/s", "rel err"], rows),
+        ),
+        ("Block-sparse metadata build (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
+    ]
+    if ratios:
+        sections.append(("Speed-up over flex_attention (x)", table(["tokens", "fwd", "fwd+bwd"], ratios)))
+    data["metadata"] = meta_rows
+    save("masks_h200", "Document-mask attention on the GPU", sections, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole GPU run, on the lent H200 machine (two GPUs for the Ray part).
+# Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART
+#   PART=tests   GPU tests + mask benchmark
+#   PART=store   store benchmark + Ray benchmark
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+part=${1:-all}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$repo/out}
+mkdir -p "$out"
+res=$(mktemp -d)
+export FA4CACHE_RESULTS=$res
+site=/opt/fa4cache-site
+if [ ! -d $site/fa4cache ]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $site "$repo" || exit 3
+fi
+if [ -f /opt/raystage/ray.part1 ] && [ -f "$repo/.gpu/ray2/ray.part2" ] && [ ! -d /opt/raysite/ray ]; then
+  cat /opt/raystage/ray.part1 "$repo/.gpu/ray2/ray.part2" > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
+  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
+fi
+export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
+cd "$repo"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
+if [ "$part" = tests ] || [ "$part" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu tests/test_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
+  timeout 420 python3 benchmarks/bench_masks.py 2>&1 | tail -60 | tee -a "$out/run.log"
+fi
+if [ "$part" = store ] || [ "$part" = all ]; then
+  timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"
+  if python3 -c "import ray" 2>/dev/null; then
+    timeout 200 python3 benchmarks/bench_ray_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
+  else
+    echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"
+  fi
+fi
+tar -C "$res" -czf "$out/results-$part.tgz" . && ls "$res"

@@ -1,0 +1,142 @@
+"""Issue 3 on the GPU: FA4 with fa4cache masks against a float32 reference with the explicit mask.
+
+Run on an H200 (sm_90): ``pytest -m gpu``. Skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a: Any, b: Any) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def _reference(q: Any, k: Any, v: Any, dense: Any, dout: Any) -> tuple[Any, ...]:
+    import torch
+
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bthd,bshd->bhts", qf, kf) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~dense[:, None], float("-inf"))
+    o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), vf)
+    o.backward(dout.float())
+    return o, qf.grad, kf.grad, vf.grad
+
+
+def _bf16_reference(q: Any, k: Any, v: Any, dense: Any, dout: Any) -> tuple[Any, ...]:
+    # The same math in bf16: how far plain bf16 arithmetic lands from float32.
+    import torch
+
+    qb, kb, vb = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), attn_mask=dense[:, None]
+    ).transpose(1, 2)
+    o.backward(dout)
+    return o, qb.grad, kb.grad, vb.grad
+
+
+def _layout(rng: random.Random, T: int) -> list[int]:
+    n = rng.randint(1, 8)
+    cuts = sorted(rng.sample(range(1, T), n - 1)) if n > 1 else []
+    return [0, *cuts, T]
+
+
+CASES = [
+    {"causal": True},
+    {"causal": False},
+    {"causal": True, "window": 100},
+    {"causal": False, "window": 64},
+    {"causal": True, "prefix": True},
+    {"draft": 16},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("seed", range(3))
+def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> None:
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask, make_draft_block_mask
+
+    fa4cache.install()
+    rng = random.Random(seed * 7 + len(str(case)))
+    torch.manual_seed(seed)
+    dev = "cuda"
+    if "draft" in case:
+        bs = case["draft"]
+        ctx = rng.randint(200, 1500)
+        K = rng.randint(2, 12)
+        anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)] for _ in range(2)], device=dev)
+        mask = make_draft_block_mask(anchors, context_len=ctx, block_size=bs)
+    else:
+        T = rng.randint(300, 3000)
+        cu = torch.tensor(_layout(rng, T), device=dev, dtype=torch.int32)
+        kw: dict[str, Any] = {"causal": case["causal"], "window": case.get("window")}
+        if case.get("prefix"):
+            kw["prefix_lengths"] = torch.randint(0, 300, (cu.numel() - 1,), device=dev)
+        mask = make_document_mask(cu, **kw)
+    B, T, H, D = mask.batch, mask.seqlen, 4, 128
+    q, k, v = (torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask.check(q)
+    dout = torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16)
+    out = flash_attn_func(q, k, v, **mask)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dout)
+    dense = mask.dense()
+    ref = _reference(q, k, v, dense, dout)
+    base = _bf16_reference(q, k, v, dense, dout)
+    got = (out, q.grad, k.grad, v.grad)
+    for name, g, r, b in zip(("out", "dq", "dk", "dv"), got, ref, base):
+        assert torch.isfinite(g).all(), name
+        err, berr = _rel(g, r), _rel(b, r)
+        # FA4 must be about as close to float32 as plain bf16 attention is.
+        assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
+
+
+def test_geometry_changes_do_not_recompile() -> None:
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    store = fa4cache.install()
+    rng = random.Random(5)
+    q = None
+    # Warm up one kernel set, then count compiles over fresh layouts and lengths.
+    for i in range(12):
+        T = rng.randint(256, 4096)
+        cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
+        mask = make_document_mask(cu)
+        q = torch.randn(1, T, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        out = flash_attn_func(q, q, q, **mask)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+        if i == 0:
+            compiles_after_first = store.counters.values["compiles"]
+    torch.cuda.synchronize()
+    assert store.counters.values["compiles"] == compiles_after_first
+
+
+def test_metadata_build_is_sync_free_and_graph_capturable() -> None:
+    import torch
+
+    from fa4cache.masks import make_document_mask
+
+    cu = torch.tensor([0, 1000, 5000, 9000, 16384], device="cuda", dtype=torch.int32)
+    make_document_mask(cu, seqlen=16384, validate=False)  # warm-up
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        m = make_document_mask(cu, seqlen=16384, validate=False)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = make_document_mask(cu, seqlen=16384)
+    assert torch.equal(m.block_sparse_tensors.mask_block_cnt, ref.block_sparse_tensors.mask_block_cnt)
+    assert torch.equal(m.aux_tensors[0], ref.aux_tensors[0])
