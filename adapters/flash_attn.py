@@ -320,6 +320,7 @@ class _Installation:
                 if spec is not None:
                     meta["spec"] = spec
                 store.publish(ref, staged, meta)
+        store.flush_touches()
         store.counters.flush()
 
     def fold_hits(self) -> None:
@@ -389,9 +390,19 @@ def _patch_module(inst: _Installation, module: types.ModuleType) -> int:
     return n
 
 
+def _prepare(inst: _Installation, module: types.ModuleType) -> None:
+    """Work done once FA4's interface is imported, so that no kernel call pays for it:
+    the toolchain fingerprint (FA4 computes its own at import too) and the lock module."""
+    if module.__name__ == INTERFACE:
+        import filelock  # noqa: F401
+
+        inst.toolchain()
+
+
 def _patch_loaded(inst: _Installation) -> None:
     for module in _modules_to_patch():
         _patch_module(inst, module)
+        _prepare(inst, module)
     iface = sys.modules.get(INTERFACE)
     if iface is not None and not any(p.module is iface for p in inst.patches):
         raise FA4NotAvailable(
@@ -424,6 +435,7 @@ class _PatchingFinder(importlib.abc.MetaPathFinder):
             with _state_lock:
                 if _installed is not None:
                     _patch_module(_installed, module)
+                    _prepare(_installed, module)
 
         # A per-spec proxy loader: the shared loader object is left untouched.
         spec.loader = _LoaderProxy(loader, exec_module)

@@ -17,21 +17,24 @@ if [ ! -d $site/fa4cache ]; then
 fi
 if [ -f /opt/raystage/ray.part1 ] && [ -f "$repo/.gpu/ray2/ray.part2" ] && [ ! -d /opt/raysite/ray ]; then
   cat /opt/raystage/ray.part1 "$repo/.gpu/ray2/ray.part2" > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
-  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
+  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl 2>&1 | tail -3 | tee -a "$out/run.log"
 fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu tests/test_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
+  # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
+  # not the source folder.
+  (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
+     -o addopts="" -m gpu "$repo/tests/test_gpu.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
   timeout 420 python3 benchmarks/bench_masks.py 2>&1 | tail -60 | tee -a "$out/run.log"
 fi
 if [ "$part" = store ] || [ "$part" = all ]; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"
-  if python3 -c "import ray" 2>/dev/null; then
+  if python3 -c "import ray" 2>"$res/ray_import.log"; then
     timeout 200 python3 benchmarks/bench_ray_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
   else
-    echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"
+    echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"; tail -5 "$res/ray_import.log" | tee -a "$out/run.log"
   fi
 fi
 tar -C "$res" -czf "$out/results-$part.tgz" . && ls "$res"

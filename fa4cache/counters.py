@@ -60,7 +60,9 @@ class Counters:
         self.started = time.time()
         self._token = secrets.token_hex(4)
         self._lock = threading.Lock()
-        self._last_flush = 0.0
+        # Throttled flushes count from process start: the first kernel loads of a new
+        # process must not pay for a counter write.
+        self._last_flush = time.monotonic()
         self._dirty = False
         self._failed = False
         if stats_dir is not None:

@@ -101,44 +101,42 @@ def _fa4_source_digest_cached(signature: tuple[tuple[str, int, int], ...]) -> st
 
 
 def fa4_source_digest() -> str:
-    """Digest of every ``flash_attn/cute/**/*.py`` file of the installed FA4."""
-    try:
-        dist = metadata.distribution("flash-attn-4")
-    except metadata.PackageNotFoundError:
-        return "absent"
-    files = []
-    for f in dist.files or ():
-        s = str(f)
-        if s.startswith("flash_attn/cute/") and s.endswith(".py"):
-            p = str(dist.locate_file(f))
-            try:
-                st = os.stat(p)
-            except OSError:
-                continue
-            files.append((p, st.st_size, st.st_mtime_ns))
+    """Digest of every ``flash_attn/cute/**/*.py`` file of the installed FA4.
+
+    Files are found by walking the package directory (no import of FA4, no parse of
+    its RECORD); the digest is memoised on their sizes and mtimes.
+    """
+    files = _fa4_files()
     if not files:
-        # Editable install: metadata lists no files; find the package directory instead.
-        files = _editable_files()
+        return "absent"
     return _fa4_source_digest_cached(tuple(sorted(files)))
 
 
-def _editable_files() -> list[tuple[str, int, int]]:
+def _fa4_files() -> list[tuple[str, int, int]]:
     import importlib.util
 
-    try:
-        spec = importlib.util.find_spec("flash_attn")
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
+    mod = sys.modules.get("flash_attn")
+    roots = list(getattr(mod, "__path__", []) or [])
+    if not roots:
+        try:
+            spec = importlib.util.find_spec("flash_attn")
+        except (ImportError, ValueError):
+            return []
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        roots = list(spec.submodule_search_locations)
     out = []
-    for root in spec.submodule_search_locations:
+    for root in roots:
         cute_dir = os.path.join(root, "cute")
-        for dirpath, _dirs, names in os.walk(cute_dir):
+        for dirpath, dirs, names in os.walk(cute_dir):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
             for n in names:
                 if n.endswith(".py"):
                     p = os.path.join(dirpath, n)
-                    st = os.stat(p)
+                    try:
+                        st = os.stat(p)
+                    except OSError:
+                        continue
                     out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
     return out
 

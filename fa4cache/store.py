@@ -144,7 +144,8 @@ class Store:
         self.writable = True
         self._warned: set[str] = set()
         self._publishes = 0
-        self._tl = threading.local()
+        self._touches: list[tuple[Artifact, float]] = []
+        self._touch_lock = threading.Lock()
         try:
             ensure_private_dir(self.root, trust_shared=False)
             for sub in ("locks", "quarantine", "stats", LAYOUT):
@@ -160,6 +161,10 @@ class Store:
             self._warn_once("unwritable", f"fa4cache: cannot use {self.root} ({e}); kernels will not be persisted")
             self.writable = False
         self.counters = _counters.Counters(self.root / "stats" if self.writable else None)
+        if self.writable:
+            import atexit
+
+            atexit.register(self.flush_touches)
         self.bases = tuple(self._usable_base(b) for b in self.settings.base_dirs)
         self.bases = tuple(b for b in self.bases if b is not None)
 
@@ -332,25 +337,42 @@ class Store:
         return moved
 
     def touch(self, art: Artifact) -> None:
-        """Record a use (last_used, hits) in the sidecar; best effort, never blocks."""
+        """Record a use (last_used, hits) in the sidecar, later: uses are written in a
+        batch by :meth:`flush_touches` (at exit and after compiles), off the load path."""
         if art.from_base or not self.writable:
             return
+        with self._touch_lock:
+            self._touches.append((art, time.time()))
+
+    def flush_touches(self) -> None:
+        """Write pending uses into sidecars; best effort, never blocks on a busy entry."""
         import filelock
 
-        lk = self.lock(art.ref.digest, timeout=0)
-        try:
-            lk.acquire(timeout=0)
-        except (filelock.Timeout, OSError):
-            return
-        try:
-            side = dict(art.sidecar)
-            side["last_used"] = time.time()
-            side["hits"] = int(side.get("hits", 0)) + 1
-            atomic_write(self.sidecar_path(art.ref), json.dumps(side).encode(), durable=False)
-        except OSError:
-            pass
-        finally:
-            lk.release()
+        with self._touch_lock:
+            pending, self._touches = self._touches, []
+        for art, when in pending:
+            lk = self.lock(art.ref.digest, timeout=0)
+            try:
+                lk.acquire(timeout=0)
+            except (filelock.Timeout, OSError):
+                continue
+            try:
+                # Re-read: another process may have recorded uses since we loaded it.
+                try:
+                    cur = parse_sidecar(
+                        read_secure(self.sidecar_path(art.ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False), art.ref
+                    )
+                except (OSError, ValueError):
+                    cur = None
+                if cur is None or cur.get("sha256") != art.sidecar.get("sha256"):
+                    continue
+                cur["last_used"] = max(float(cur.get("last_used", 0)), when)
+                cur["hits"] = int(cur.get("hits", 0)) + 1
+                atomic_write(self.sidecar_path(art.ref), json.dumps(cur).encode(), durable=False)
+            except OSError:
+                pass
+            finally:
+                lk.release()
 
     # ------------------------------------------------------------------ write path
 
