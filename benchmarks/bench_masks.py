@@ -38,7 +38,7 @@ def main() -> None:
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
     import fa4cache
-    from fa4cache.masks import make_document_mask
+    from fa4cache.masks import DocumentMaskBuilder, make_document_mask
 
     fa4cache.install()
     H, D = a.heads, a.head_dim
@@ -62,6 +62,7 @@ def main() -> None:
         flops_fwd = sum(4 * n * (n + 1) / 2 * D * H for n in lens)
 
         mask = make_document_mask(cu, seqlen=T)
+        mask64 = make_document_mask(cu, seqlen=T, bwd_block_size=(64, 128))
         bare = {"mask_mod": mask.mask_mod, "aux_tensors": mask.aux_tensors}
 
         def first(x: Any) -> Any:
@@ -73,6 +74,7 @@ def main() -> None:
                 dout,
             ),
             "fa4cache document mask": (lambda: first(flash_attn_func(q4, k4, v4, **mask)), dout4),
+            "fa4cache document mask, bwd blocks 64x128": (lambda: first(flash_attn_func(q4, k4, v4, **mask64)), dout4),
             "bare mask_mod (no block sparsity)": (lambda: first(flash_attn_func(q4, k4, v4, **bare)), dout4),
         }
         if not a.no_flex:
@@ -91,7 +93,16 @@ def main() -> None:
             meta_rows.append(
                 [T, "flex create_block_mask", bench(lambda: create_block_mask(doc_causal, 1, 1, T, T, device="cuda"))]
             )
-        meta_rows.append([T, "fa4cache make_document_mask", bench(lambda: make_document_mask(cu, seqlen=T, validate=False))])
+        meta_rows.append([T, "fa4cache make_document_mask (eager)", bench(lambda: make_document_mask(cu, seqlen=T, validate=False))])
+        builder = DocumentMaskBuilder(T, max_documents=len(lens) + 8)
+        builder(cu)
+        meta_rows.append([T, "fa4cache DocumentMaskBuilder (CUDA graph)", bench(lambda: builder(cu))])
+        built = builder(cu)
+        same = all(
+            torch.equal(getattr(built.block_sparse_tensors, f), getattr(mask.block_sparse_tensors, f))
+            for f in ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx")
+        )
+        data.setdefault("builder_matches_eager", []).append(same)
 
         # Correctness against the anchor before timing anything.
         ref = methods["FA4 varlen (anchor)"][0]().detach().float()

@@ -50,6 +50,7 @@ __all__ = [
     "make_draft_block_mask",
     "mask_template",
     "AttentionMask",
+    "DocumentMaskBuilder",
     "KernelSpec",
 ]
 
@@ -64,12 +65,13 @@ _LAZY = {
     "make_draft_block_mask": "fa4cache.masks",
     "mask_template": "fa4cache.masks",
     "AttentionMask": "fa4cache.masks",
+    "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.spec",
 }
 
 if TYPE_CHECKING:
     from .adapters.flash_attn import install, uninstall
-    from .masks import AttentionMask, make_document_mask, make_draft_block_mask, mask_template
+    from .masks import AttentionMask, DocumentMaskBuilder, make_document_mask, make_draft_block_mask, mask_template
     from .ray_integration import env
     from .spec import KernelSpec
     from .stats import stats
