@@ -23,6 +23,9 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None)
     a = p.parse_args()
 
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single machine: loopback only
     import ray
     import torch
 

@@ -171,7 +171,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
-        print(f"checked {rep['checked']} entries: {rep['ok']} ok, {len(rep['bad'])} bad, {len(rep['orphans'])} orphaned")
+        print(
+            f"checked {rep['checked']} entries: {rep['ok']} ok, {len(rep['bad'])} bad, "
+            f"{len(rep['orphans'])} incomplete (interrupted publishes, never loaded)"
+        )
         for b in rep["bad"] + rep["orphans"]:
             print(f"  {b['kind']:<10} {b['digest'][:16]}  {b['problem']}")
         if args.repair and rep["repaired"]:

@@ -144,6 +144,7 @@ class Store:
         self.writable = True
         self._warned: set[str] = set()
         self._publishes = 0
+        self._checked_dirs: set[Path] = set()
         self._touches: list[tuple[Artifact, float]] = []
         self._touch_lock = threading.Lock()
         try:
@@ -275,8 +276,33 @@ class Store:
                 return art
         return None
 
+    def _check_chain(self, ref: EntryRef, root: Path, trust: bool) -> str | None:
+        """Why a directory between ``root`` and the entry is unsafe (symlink, foreign owner,
+        group/other-writable), or None. Each directory is checked once per process."""
+        d = root
+        for part in (LAYOUT, ref.toolchain, ref.kind):
+            d = d / part
+            if d in self._checked_dirs:
+                continue
+            try:
+                st = os.lstat(d)
+            except FileNotFoundError:
+                return ""
+            problem = check_secure(st, d, trust_shared=trust, what="directory")
+            if problem is None and not stat.S_ISDIR(st.st_mode):
+                problem = f"{d} is not a directory"
+            if problem:
+                return problem
+            self._checked_dirs.add(d)
+        return None
+
     def _load_from(self, ref: EntryRef, root: Path, is_base: bool) -> Artifact | None:
         trust = self.settings.trust_shared and is_base
+        chain = self._check_chain(ref, root, trust)
+        if chain == "":
+            return None
+        if chain:
+            return self._insecure(ref, root, is_base, chain)
         obj_path = self.object_path(ref, root)
         side_path = self.sidecar_path(ref, root)
         try:
@@ -320,7 +346,9 @@ class Store:
         moved = []
         qdir = self.root / "quarantine"
         stamp = time.time_ns()
-        for src, ext in ((self.object_path(ref), "o"), (self.sidecar_path(ref), "json")):
+        # Sidecar first: a kill in between leaves an artifact without sidecar, which
+        # loaders ignore (a miss), never a sidecar without its artifact.
+        for src, ext in ((self.sidecar_path(ref), "json"), (self.object_path(ref), "o")):
             dst = qdir / f"{ref.digest}.{stamp}.{ext}"
             try:
                 os.replace(src, dst)
@@ -382,7 +410,12 @@ class Store:
             return None
         d = self.entry_dir(ref)
         try:
+            ensure_private_dir(d.parent)
             ensure_private_dir(d)
+        except InsecurePath as e:
+            self.counters.add("insecure")
+            self._warn_once(f"insecure-dir:{d}", f"fa4cache: not publishing into {d}: {e}")
+            return None
         except OSError as e:
             self._publish_failed(e)
             return None
@@ -540,7 +573,12 @@ class Store:
                 report["ok"] += 1
                 continue
             entry = {"kind": ref.kind, "digest": ref.digest, "toolchain": ref.toolchain, "problem": problem}
-            (report["orphans"] if problem == "missing sidecar" else report["bad"]).append(entry)
+            if problem == "missing sidecar":
+                report["orphans"].append(entry)
+                if repair and self.remove(ref):
+                    report["repaired"] += 1
+                continue
+            report["bad"].append(entry)
             if repair and self.quarantine(ref, problem):
                 report["repaired"] += 1
         # Sidecars with no artifact are harmless misses; repair removes them.
@@ -552,7 +590,9 @@ class Store:
                         if repair:
                             side.unlink(missing_ok=True)
                             report["repaired"] += 1
-        report["clean"] = not report["bad"] and not report["orphans"]
+        # Orphans (one half of an interrupted publish) are never loaded: they are debris,
+        # reported and removed by repair, but they do not make the store unclean.
+        report["clean"] = not report["bad"]
         return report
 
     def _locked_by_other(self, digest: str) -> bool:
