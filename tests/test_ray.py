@@ -171,8 +171,15 @@ def test_unwritable_directory_fails_in_the_worker_naming_the_setting(cluster: An
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    env = fa4cache.env(str(blocker / "cache"), runtime_env={"env_vars": CROSS})
+    with pytest.raises(ConfigError, match="cannot be used as a cache directory"):
+        fa4cache.env(str(blocker / "cache"))
+    # With a placeholder the path is only known in the worker: the worker fails, loudly.
+    env = fa4cache.env(str(blocker / "cache-{node_id}"), runtime_env={"env_vars": CROSS})
     ray = _connect(cluster, env)
-    probe = ray.remote(_probe)
-    with pytest.raises(Exception, match="FA4CACHE_DIR"):
+    probe = ray.remote(_probe).options(max_retries=0)
+    with pytest.raises(Exception):  # noqa: B017 - Ray reports a failed setup hook as a dead worker
         ray.get(probe.remote(), timeout=120)
+    # The worker's own log names the setting and the path.
+    logs = Path(cluster.head_node.get_logs_dir_path())
+    text = "".join(p.read_text(errors="replace") for p in logs.glob("*worker*") if p.is_file())
+    assert "FA4CACHE_DIR=" in text and "cache directory is not usable" in text
