@@ -64,7 +64,7 @@ class KernelSpec:
             raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         try:
             return cls(**d)
-        except TypeError as e:
+        except (TypeError, ConfigError) as e:
             raise ConfigError(f"{where}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
