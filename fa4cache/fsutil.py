@@ -121,7 +121,12 @@ def read_secure(path: Path, *, max_bytes: int, trust_shared: bool, what: str = "
 
     Raises FileNotFoundError, :class:`InsecurePath`, or ValueError (too large / not a file).
     """
-    fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InsecurePath(f"{what} {path} is a symlink") from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -143,10 +148,6 @@ def read_secure(path: Path, *, max_bytes: int, trust_shared: bool, what: str = "
         if len(data) > max_bytes:
             raise ValueError(f"{what} {path} grew past the {max_bytes} byte limit while being read")
         return data
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise InsecurePath(f"{what} {path} is a symlink") from None
-        raise
     finally:
         os.close(fd)
 
