@@ -104,7 +104,8 @@ class StoreCompileCache:
 
     # -- dict conveniences ----------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        # Not self.cache.get: a miss must go through the store (and its lock) like FA4 does.
+        return self[key] if key in self else default  # noqa: SIM401
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -150,7 +151,13 @@ class StoreCompileCache:
             fn = self._inst.load_callable(art)
         except Exception as e:  # an artifact that verifies but does not load is corrupt too
             store.counters.add("corrupt")
-            log.warning("fa4cache: cannot load %s entry %s (%s: %s); recompiling", ref.kind, ref.digest[:16], type(e).__name__, e)
+            log.warning(
+                "fa4cache: cannot load %s entry %s (%s: %s); recompiling",
+                ref.kind,
+                ref.digest[:16],
+                type(e).__name__,
+                e,
+            )
             if not art.from_base:
                 store.quarantine(ref, f"load failed: {type(e).__name__}: {e}")
             return False
@@ -296,7 +303,9 @@ class _Installation:
         store.counters.add("compile_seconds", seconds, kind=cache.kind)
         self._export(cache, fn, pending.ref, pending.encoded, seconds)
 
-    def _export(self, cache: StoreCompileCache, fn: Any, ref: EntryRef, encoded: str, seconds: float | None) -> None:
+    def _export(
+        self, cache: StoreCompileCache, fn: Any, ref: EntryRef, encoded: str, seconds: float | None
+    ) -> None:
         store = self.store
         staged = store.staging_path(ref)
         if staged is not None:
@@ -308,7 +317,12 @@ class _Installation:
                 except OSError:
                     pass
                 store.counters.add("publish_errors")
-                log.warning("fa4cache: cannot export %s kernel (%s: %s); keeping it in memory only", cache.kind, type(e).__name__, e)
+                log.warning(
+                    "fa4cache: cannot export %s kernel (%s: %s); keeping it in memory only",
+                    cache.kind,
+                    type(e).__name__,
+                    e,
+                )
             else:
                 meta: dict[str, Any] = {
                     "key": encoded if len(encoded) <= 64 * 1024 else None,
@@ -414,7 +428,9 @@ def _patch_loaded(inst: _Installation) -> None:
 class _PatchingFinder(importlib.abc.MetaPathFinder):
     """Patches FA4 modules right after they are imported."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(FA4_PACKAGE + "."):
             return None
         for finder in sys.meta_path:

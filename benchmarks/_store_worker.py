@@ -45,7 +45,9 @@ torch.manual_seed(int(os.environ.get("SEED", "0")))
 lens = [T // 4, T // 2, T // 4]
 cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
 mask = make_document_mask(cu, seqlen=T)
-q, k, v = (torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+q, k, v = (
+    torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+)
 torch.cuda.synchronize()
 if os.environ.get("WAIT_FILE"):
     while not os.path.exists(os.environ["WAIT_FILE"]):
@@ -62,4 +64,16 @@ out = out[0] if isinstance(out, tuple) else out
 out.sum().backward()
 torch.cuda.synchronize()
 second = time.perf_counter() - t1
-print("RESULT " + json.dumps({"mode": mode, "first_s": first, "second_s": second, "compiles": compiles["n"], "compile_s": compiles["s"]}), flush=True)
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "mode": mode,
+            "first_s": first,
+            "second_s": second,
+            "compiles": compiles["n"],
+            "compile_s": compiles["s"],
+        }
+    ),
+    flush=True,
+)

@@ -54,7 +54,9 @@ def main() -> None:
         lens = doc_lengths(T, rng)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         maxlen = max(lens)
-        q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (
+            torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
         dout = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
         q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (q, k, v))
         dout4 = dout.unsqueeze(0)
@@ -70,17 +72,33 @@ def main() -> None:
 
         methods: dict[str, tuple[Any, Any]] = {
             "FA4 varlen (anchor)": (
-                lambda: first(flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen, causal=True)),
+                lambda: first(
+                    flash_attn_varlen_func(
+                        q,
+                        k,
+                        v,
+                        cu_seqlens_q=cu,
+                        cu_seqlens_k=cu,
+                        max_seqlen_q=maxlen,
+                        max_seqlen_k=maxlen,
+                        causal=True,
+                    )
+                ),
                 dout,
             ),
             "fa4cache document mask": (lambda: first(flash_attn_func(q4, k4, v4, **mask)), dout4),
-            "fa4cache document mask, bwd blocks 64x128": (lambda: first(flash_attn_func(q4, k4, v4, **mask64)), dout4),
+            "fa4cache document mask, bwd blocks 64x128": (
+                lambda: first(flash_attn_func(q4, k4, v4, **mask64)),
+                dout4,
+            ),
             "bare mask_mod (no block sparsity)": (lambda: first(flash_attn_func(q4, k4, v4, **bare)), dout4),
         }
         if not a.no_flex:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-            doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+            doc = torch.repeat_interleave(
+                torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda")
+            )
 
             def doc_causal(b: Any, h: Any, qi: Any, ki: Any) -> Any:
                 return (doc[qi] == doc[ki]) & (qi >= ki)
@@ -91,9 +109,19 @@ def main() -> None:
             doutt = dout.unsqueeze(0).transpose(1, 2)
             methods["flex_attention + BlockMask"] = (lambda: flex(qt, kt, vt, block_mask=bm), doutt)
             meta_rows.append(
-                [T, "flex create_block_mask", bench(lambda: create_block_mask(doc_causal, 1, 1, T, T, device="cuda"))]
+                [
+                    T,
+                    "flex create_block_mask",
+                    bench(lambda: create_block_mask(doc_causal, 1, 1, T, T, device="cuda")),
+                ]
             )
-        meta_rows.append([T, "fa4cache make_document_mask (eager)", bench(lambda: make_document_mask(cu, seqlen=T, validate=False))])
+        meta_rows.append(
+            [
+                T,
+                "fa4cache make_document_mask (eager)",
+                bench(lambda: make_document_mask(cu, seqlen=T, validate=False)),
+            ]
+        )
         builder = DocumentMaskBuilder(T, max_documents=len(lens) + 8)
         builder(cu)
         meta_rows.append([T, "fa4cache DocumentMaskBuilder (CUDA graph)", bench(lambda: builder(cu))])
@@ -108,7 +136,11 @@ def main() -> None:
         ref = methods["FA4 varlen (anchor)"][0]().detach().float()
         res: dict[str, dict[str, float]] = {}
         for name, (fwd, g) in methods.items():
-            o = fwd().detach().float().reshape(ref.shape) if "flex" not in name else fwd().detach().transpose(1, 2).float().reshape(ref.shape)
+            o = (
+                fwd().detach().float().reshape(ref.shape)
+                if "flex" not in name
+                else fwd().detach().transpose(1, 2).float().reshape(ref.shape)
+            )
             err = float((o - ref).norm() / ref.norm())
             t_f = bench(fwd)
 
@@ -142,7 +174,19 @@ def main() -> None:
     sections = [
         (
             "Forward and forward+backward (median ms; % of FA4 varlen throughput)",
-            table(["tokens", "method", "fwd ms", "fwd+bwd ms", "fwd vs varlen", "fwd+bwd vs varlen", "fwd+bwd TFLOP/s", "rel err"], rows),
+            table(
+                [
+                    "tokens",
+                    "method",
+                    "fwd ms",
+                    "fwd+bwd ms",
+                    "fwd vs varlen",
+                    "fwd+bwd vs varlen",
+                    "fwd+bwd TFLOP/s",
+                    "rel err",
+                ],
+                rows,
+            ),
         ),
         ("Block-sparse metadata build (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
     ]

@@ -41,9 +41,9 @@ def main() -> None:
             import random
 
             import torch
+            from fa4cache.adapters.flash_attn import installed_store
             from flash_attn.cute import flash_attn_func
 
-            from fa4cache.adapters.flash_attn import installed_store
             from fa4cache.masks import make_document_mask
 
             store = installed_store()
@@ -55,7 +55,10 @@ def main() -> None:
             before = store.counters.values["compiles"]
             t0 = time.perf_counter()
             mask = make_document_mask(cu, seqlen=T)
-            q, k, v = (torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+            q, k, v = (
+                torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(3)
+            )
             out = flash_attn_func(q, k, v, **mask)
             (out[0] if isinstance(out, tuple) else out).sum().backward()
             torch.cuda.synchronize()
@@ -82,17 +85,47 @@ def main() -> None:
     firsts = ray.get([act.step.remote(i) for i, act in enumerate(actors[1:], 1)])
     for i, f in enumerate(firsts, 1):
         rows.append([f"actor {i}", "first step", f["tokens"], f["seconds"], f["compiles"]])
-    later = ray.get([act.step.remote(100 + 10 * i + s) for s in range(a.steps) for i, act in enumerate(actors)])
-    rows.append(["all actors", f"{len(later)} more steps, new layouts", "-", sum(x["seconds"] for x in later), sum(x["compiles"] for x in later)])
+    later = ray.get(
+        [act.step.remote(100 + 10 * i + s) for s in range(a.steps) for i, act in enumerate(actors)]
+    )
+    rows.append(
+        [
+            "all actors",
+            f"{len(later)} more steps, new layouts",
+            "-",
+            sum(x["seconds"] for x in later),
+            sum(x["compiles"] for x in later),
+        ]
+    )
     totals = ray.get([act.totals.remote() for act in actors])
     total_compiles = sum(t["compiles"] for t in totals)
-    summary = [[len(actors), total_compiles, first0["compiles"], sum(f["compiles"] for f in firsts), first0["cache_dir"]]]
+    summary = [
+        [
+            len(actors),
+            total_compiles,
+            first0["compiles"],
+            sum(f["compiles"] for f in firsts),
+            first0["cache_dir"],
+        ]
+    ]
     save(
         "ray_h200x2",
         "Ray actors, one per GPU, document-mask steps with changing layouts",
         [
             ("Steps", table(["actor", "step", "tokens", "seconds", "compiles"], rows)),
-            ("Totals", table(["actors", "compiles in total", "cold actor compiles", "other actors' first-step compiles", "cache dir"], summary)),
+            (
+                "Totals",
+                table(
+                    [
+                        "actors",
+                        "compiles in total",
+                        "cold actor compiles",
+                        "other actors' first-step compiles",
+                        "cache dir",
+                    ],
+                    summary,
+                ),
+            ),
         ],
         {"rows": rows, "totals": totals},
     )

@@ -38,7 +38,13 @@ def run(mode: str, cache: Path, n: int = 1, **env: str) -> tuple[list[dict[str, 
     go = cache.parent / f"go-{mode}-{time.time_ns()}"
     e["WAIT_FILE"] = str(go)
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / "_store_worker.py"), mode], env={**e, "SEED": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(HERE / "_store_worker.py"), mode],
+            env={**e, "SEED": str(i)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(n)
     ]
     # Let every process finish importing before releasing them together.
@@ -75,7 +81,11 @@ def overhead() -> list[list[Any]]:
     jit[key] = cache.cache[key]
     n = 200_000
     rows = []
-    for name, c in (("plain dict", plain), ("FA4 JITCache (in-memory)", jit), ("fa4cache StoreCompileCache", cache)):
+    for name, c in (
+        ("plain dict", plain),
+        ("FA4 JITCache (in-memory)", jit),
+        ("fa4cache StoreCompileCache", cache),
+    ):
         t = min(timeit.repeat(lambda c=c: (key in c) and c[key], number=n, repeat=5)) / n
         rows.append([name, t * 1e9])
     base = rows[0][1]
@@ -111,11 +121,22 @@ def main() -> None:
         (
             "Document-mask forward+backward, T=8192, 16 heads, d=128, bf16",
             table(
-                ["cache", "cold compiles", "cold first call s", "warm compiles", "warm new-process first call ms", "4 cold procs: compiles", "4 cold procs: wall s"],
+                [
+                    "cache",
+                    "cold compiles",
+                    "cold first call s",
+                    "warm compiles",
+                    "warm new-process first call ms",
+                    "4 cold procs: compiles",
+                    "4 cold procs: wall s",
+                ],
                 rows,
             ),
         ),
-        ("Memory-hit lookup (key in cache + cache[key]), ns per call", table(["cache", "ns/call", "over plain dict"], ov)),
+        (
+            "Memory-hit lookup (key in cache + cache[key]), ns per call",
+            table(["cache", "ns/call", "over plain dict"], ov),
+        ),
     ]
     save("store_h200", "fa4cache store vs FA4's own disk cache", sections, data)
 

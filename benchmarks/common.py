@@ -13,7 +13,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "python": platform.python_version()}
+    info: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+    }
     try:
         import torch
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     ConfigError,
     CorruptArtifact,
-    FA4NotAvailable,
     Fa4CacheError,
+    FA4NotAvailable,
     InsecurePath,
     StoreLockTimeout,
     UnstableKeyError,
@@ -71,7 +71,13 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .adapters.flash_attn import install, uninstall
-    from .masks import AttentionMask, DocumentMaskBuilder, make_document_mask, make_draft_block_mask, mask_template
+    from .masks import (
+        AttentionMask,
+        DocumentMaskBuilder,
+        make_document_mask,
+        make_draft_block_mask,
+        mask_template,
+    )
     from .ray_integration import env
     from .spec import KernelSpec
     from .stats import stats

@@ -28,7 +28,9 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def classify_tiles(lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int) -> tuple[Any, Any]:
+def classify_tiles(
+    lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int
+) -> tuple[Any, Any]:
     """``(partial, full)`` boolean tensors of shape ``[B, M, N]``.
 
     ``lo``/``hi``: int tensors ``[B, K, Tq_padded]`` (rows past ``seqlen_q`` ignored).

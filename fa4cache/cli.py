@@ -13,7 +13,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Fa4CacheError
@@ -88,12 +87,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Misses", str(st["misses"])),
         ("Hit rate", rate),
         ("Compiles", f"{st['compiles']}  ({st['compile_seconds']:.1f} s spent)"),
-        ("Compile time saved", f"{st['compile_seconds_saved']:.1f} s  (disk hits x mean compile time of their kind)"),
+        (
+            "Compile time saved",
+            f"{st['compile_seconds_saved']:.1f} s  (disk hits x mean compile time of their kind)",
+        ),
         ("Load time", f"{st['load_seconds']:.3f} s"),
         ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
         ("Refused (insecure)", str(st["insecure"])),
         ("Publish errors", str(st["publish_errors"])),
-        ("Lock waits", f"{st['lock_waits']}  ({st['lock_wait_seconds']:.1f} s, {st['lock_timeouts']} timed out)"),
+        (
+            "Lock waits",
+            f"{st['lock_waits']}  ({st['lock_wait_seconds']:.1f} s, {st['lock_timeouts']} timed out)",
+        ),
         ("Evictions", str(st["evictions"])),
         ("Processes", str(st["processes"])),
     ]
@@ -102,7 +107,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"{k:<{w}}  {v}")
     if st["by_kind"]:
         print("\nBy kind:")
-        print(f"  {'kind':<14}{'entries':>8}{'size':>12}{'compiles':>10}{'disk hits':>11}{'mem hits':>10}{'mean compile':>14}")
+        print(
+            f"  {'kind':<14}{'entries':>8}{'size':>12}{'compiles':>10}{'disk hits':>11}{'mem hits':>10}{'mean compile':>14}"
+        )
         for kind, v in st["by_kind"].items():
             mean = v.get("compile_seconds", 0) / v["compiles"] if v.get("compiles") else None
             print(
@@ -118,7 +125,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if len(st["by_host"]) > 1:
         print("\nBy host:")
         for h, v in st["by_host"].items():
-            print(f"  {h:<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)")
+            print(
+                f"  {h:<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)"
+            )
     return 0
 
 
@@ -150,7 +159,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'kind':<12}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}")
+    print(
+        f"{'kind':<12}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
+    )
     for r in rows:
         s = r["summary"]
         spec = r["spec"] or {}
@@ -244,8 +255,15 @@ def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
                     mask = "document_bidirectional"
                 out.append(
                     KernelSpec(
-                        dtype=dtype, head_dim=hd, heads=h, heads_kv=h_kv, mask=mask, backward=args.backward,
-                        seqlen=args.seqlen, window=args.window or 256, arch=args.arch,
+                        dtype=dtype,
+                        head_dim=hd,
+                        heads=h,
+                        heads_kv=h_kv,
+                        mask=mask,
+                        backward=args.backward,
+                        seqlen=args.seqlen,
+                        window=args.window or 256,
+                        arch=args.arch,
                     )
                 )
     return out
@@ -293,7 +311,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
     else:
         specs = _specs_from_flags(args)
     if not specs:
-        print("nothing to warm" + (f" ({unreplayable} old entries carry no replayable spec)" if unreplayable else ""))
+        print(
+            "nothing to warm"
+            + (f" ({unreplayable} old entries carry no replayable spec)" if unreplayable else "")
+        )
         return 0
     cache_dir = str(_settings(args).cache_dir)
     from .warm import set_cross_compile_env
@@ -338,7 +359,9 @@ def cmd_warm(args: argparse.Namespace) -> int:
         failed += r["error"] is not None
         print(f"{s.label():<44}{r['compiles']:>9}{r['disk_hits']:>9}{r['seconds']:>9.1f}  {status}")
     total = sum(r["compiles"] for _, r in results)
-    print(f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s")
+    print(
+        f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s"
+    )
     if unreplayable:
         print(f"{unreplayable} entries of older toolchains carry no spec and were not replayed")
     return 1 if failed else 0
@@ -388,7 +411,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         if torch.cuda.is_available():
             cap = torch.cuda.get_device_capability()
-            line("ok", "GPU", f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), {torch.cuda.device_count()} device(s)")
+            line(
+                "ok",
+                "GPU",
+                f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), {torch.cuda.device_count()} device(s)",
+            )
         else:
             line("info", "GPU", "none: kernels can still be cross-compiled (fa4cache warm)")
     except Exception as e:
@@ -405,7 +432,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         st = os.lstat(s.cache_dir)
         mode = _stat.S_IMODE(st.st_mode)
         own = hasattr(os, "getuid") and st.st_uid == os.getuid()
-        line("ok" if own and not mode & 0o022 else "FAIL", "permissions", f"mode {mode:o}, {'owned by you' if own else f'owner uid {st.st_uid}'}")
+        line(
+            "ok" if own and not mode & 0o022 else "FAIL",
+            "permissions",
+            f"mode {mode:o}, {'owned by you' if own else f'owner uid {st.st_uid}'}",
+        )
         ok, detail = lock_works(s.cache_dir)
         line("ok" if ok else "FAIL", "file locks", detail)
     else:
@@ -418,7 +449,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except OSError as e:
         line("warn", "free space", str(e))
     if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
-        line("warn", "FA4 own cache", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1: fa4cache replaces it; unset it to avoid storing kernels twice")
+        line(
+            "warn",
+            "FA4 own cache",
+            "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1: fa4cache replaces it; unset it to avoid storing kernels twice",
+        )
     else:
         line("ok", "FA4 own cache", "off (fa4cache handles persistence)")
     return 1 if problems else 0

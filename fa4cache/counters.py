@@ -238,7 +238,9 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
             if name in merged:
                 continue
             parts = name[: -len(".json")].split("~")
-            dead_local = len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1]))
+            dead_local = (
+                len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1]))
+            )
             if not dead_local and now - _num(obj.get("updated")) < older_than:
                 continue
             h = str(obj.get("host", "?"))

@@ -7,8 +7,23 @@ from pathlib import Path
 
 # flock() on these is either unsupported, emulated per client, or slow and contended.
 NETWORK_FS = {
-    "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
-    "glusterfs", "fuse.glusterfs", "fuse.sshfs", "9p", "fuse.s3fs", "fuse.gcsfuse", "wekafs", "panfs",
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "fuse.glusterfs",
+    "fuse.sshfs",
+    "9p",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "wekafs",
+    "panfs",
 }
 
 

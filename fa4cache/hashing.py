@@ -43,11 +43,14 @@ def _encode(value: Any, path: str) -> Any:
         cls = type(value)
         return {"enum": f"{_qualified(cls, path)}.{value.name}"}
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {"nt": _qualified(type(value), path), "v": [_encode(v, f"{path}.{f}") for f, v in zip(value._fields, value)]}
+        return {
+            "nt": _qualified(type(value), path),
+            "v": [_encode(v, f"{path}.{f}") for f, v in zip(value._fields, value)],
+        }
     if isinstance(value, (tuple, list)):
         return [_encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, frozenset):
-        items = sorted((json.dumps(_encode(v, path + "{}"), sort_keys=True) for v in value))
+        items = sorted(json.dumps(_encode(v, path + "{}"), sort_keys=True) for v in value)
         return {"set": items}
     if isinstance(value, type):
         return {"type": _qualified(value, path)}

@@ -206,7 +206,9 @@ class AttentionMask(Mapping[str, Any]):
             )
         dev = self.aux_tensors[0].device
         if q.device != dev:
-            raise ValueError(f"q is on {q.device} but the mask's tensors are on {dev}: build the mask on q's device")
+            raise ValueError(
+                f"q is on {q.device} but the mask's tensors are on {dev}: build the mask on q's device"
+            )
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -303,7 +305,9 @@ def make_document_mask(
     if cu_seqlens is not None:
         cu = _as_int_tensor(cu_seqlens, "cu_seqlens")
         if cu.dim() != 1 or cu.numel() < 2:
-            raise ValueError(f"cu_seqlens: expected a 1-D tensor of at least 2 offsets, got shape {tuple(cu.shape)}")
+            raise ValueError(
+                f"cu_seqlens: expected a 1-D tensor of at least 2 offsets, got shape {tuple(cu.shape)}"
+            )
         if validate:
             _check_int32(cu, "cu_seqlens")
             if int(cu[0]) != 0:
@@ -334,18 +338,24 @@ def make_document_mask(
         lo = start if window is None else torch.maximum(start, m - window)
         hi = m + 1
         if prefix_lengths is not None:
-            p = _as_int_tensor(prefix_lengths, "prefix_lengths", device=device).to(device=device, dtype=torch.int64)
+            p = _as_int_tensor(prefix_lengths, "prefix_lengths", device=device).to(
+                device=device, dtype=torch.int64
+            )
             if validate and bool((p < 0).any()):
                 raise ValueError("prefix_lengths: must be non-negative")
             if cu_seqlens is not None:
                 if p.dim() != 1 or p.numel() != cu.numel() - 1:
-                    raise ValueError(f"prefix_lengths: expected shape [{cu.numel() - 1}] (one per document), got {tuple(p.shape)}")
+                    raise ValueError(
+                        f"prefix_lengths: expected shape [{cu.numel() - 1}] (one per document), got {tuple(p.shape)}"
+                    )
                 plen = p[doc]
             else:
                 if p.dim() != 2 or p.shape[0] != batch:
                     raise ValueError(f"prefix_lengths: expected [batch, max_documents], got {tuple(p.shape)}")
                 if validate and int(doc.max()) >= p.shape[1]:
-                    raise ValueError(f"prefix_lengths: {p.shape[1]} columns but a row has {int(doc.max()) + 1} documents")
+                    raise ValueError(
+                        f"prefix_lengths: {p.shape[1]} columns but a row has {int(doc.max()) + 1} documents"
+                    )
                 plen = torch.gather(p, 1, doc.clamp(max=p.shape[1] - 1))
             pend = torch.minimum(start + plen, end)
             in_prefix = m < pend
@@ -372,8 +382,11 @@ def make_document_mask(
         fwd, bwd = block_sparse_tensors(
             *intervals, seqlen_q=total, seqlen_k=total, block_size=block_size, bwd_block_size=bwd_block_size
         )
-    name = "document" + ("_causal" if causal else "") + ("_window" if window is not None else "") + (
-        "_prefix" if prefix_lengths is not None else ""
+    name = (
+        "document"
+        + ("_causal" if causal else "")
+        + ("_window" if window is not None else "")
+        + ("_prefix" if prefix_lengths is not None else "")
     )
     return AttentionMask(mod, aux, fwd, bwd, total, batch, name, intervals)
 
@@ -427,7 +440,9 @@ def make_draft_block_mask(
         from .blocksparse import block_sparse_tensors
 
         fwd, bwd = block_sparse_tensors(*intervals, seqlen_q=T, seqlen_k=T, block_size=sparse_block_size)
-    return AttentionMask(draft_block_mask(block_size=block_size), aux, fwd, bwd, T, B, "draft_block", intervals)
+    return AttentionMask(
+        draft_block_mask(block_size=block_size), aux, fwd, bwd, T, B, "draft_block", intervals
+    )
 
 
 class DocumentMaskBuilder:
@@ -472,7 +487,10 @@ class DocumentMaskBuilder:
         self.seqlen = seqlen
         self.max_documents = max_documents
         self.kwargs: dict[str, Any] = {
-            "causal": causal, "window": window, "block_size": block_size, "bwd_block_size": bwd_block_size,
+            "causal": causal,
+            "window": window,
+            "block_size": block_size,
+            "bwd_block_size": bwd_block_size,
         }
         self.device = torch.device(device)
         self.use_graphs = self.device.type == "cuda"
@@ -513,7 +531,9 @@ class DocumentMaskBuilder:
             torch.cuda.current_stream(self.device).wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                slot["mask"] = make_document_mask(slot["cu"], seqlen=self.seqlen, validate=False, **self.kwargs)
+                slot["mask"] = make_document_mask(
+                    slot["cu"], seqlen=self.seqlen, validate=False, **self.kwargs
+                )
             slot["graph"] = g
         self._stage(slot, cu.to(torch.int32) if cu.dtype != torch.int32 else cu)
         slot["graph"].replay()

@@ -165,7 +165,9 @@ class Settings:
         try:
             timeout = float(env.get(ENV_LOCK_TIMEOUT, DEFAULT_LOCK_TIMEOUT))
         except ValueError:
-            raise ConfigError(f"{ENV_LOCK_TIMEOUT}: expected seconds, got {env[ENV_LOCK_TIMEOUT]!r}") from None
+            raise ConfigError(
+                f"{ENV_LOCK_TIMEOUT}: expected seconds, got {env[ENV_LOCK_TIMEOUT]!r}"
+            ) from None
         if timeout < 0:
             raise ConfigError(f"{ENV_LOCK_TIMEOUT}: must be >= 0, got {timeout}")
         max_size = parse_size(env[ENV_MAX_SIZE], setting=ENV_MAX_SIZE) if env.get(ENV_MAX_SIZE) else None
@@ -188,7 +190,8 @@ class Settings:
                 raise ConfigError(f"unknown store option(s): {', '.join(sorted(unknown))}")
             if "base_dirs" in overrides:
                 overrides["base_dirs"] = tuple(
-                    resolve_path(p, setting="base_dirs") for p in overrides["base_dirs"]  # type: ignore[union-attr]
+                    resolve_path(p, setting="base_dirs")
+                    for p in overrides["base_dirs"]  # type: ignore[union-attr]
                 )
             if isinstance(overrides.get("max_size"), str):
                 overrides["max_size"] = parse_size(overrides["max_size"], setting="max_size")  # type: ignore[arg-type]

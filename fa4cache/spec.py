@@ -16,7 +16,15 @@ from typing import Any
 from .errors import ConfigError
 
 DTYPES = ("bf16", "fp16")
-MASKS = ("none", "causal", "document", "document_window", "document_prefix", "document_bidirectional", "draft_block")
+MASKS = (
+    "none",
+    "causal",
+    "document",
+    "document_window",
+    "document_prefix",
+    "document_bidirectional",
+    "draft_block",
+)
 HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
@@ -72,7 +80,9 @@ class KernelSpec:
 
     def label(self) -> str:
         hkv = self.heads_kv or self.heads
-        return f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {self.mask}{' +bwd' if self.backward else ''}"
+        return (
+            f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {self.mask}{' +bwd' if self.backward else ''}"
+        )
 
 
 def load_manifest(path: str | Path) -> list[KernelSpec]:

@@ -59,14 +59,18 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
     """Totals for a store directory without creating it or importing FA4."""
     settings = Settings.from_env(cache_dir)
     root = settings.cache_dir
-    agg = _counters.aggregate(root / "stats") if (root / "stats").is_dir() else _counters.aggregate(Path("/nonexistent"))
+    agg = (
+        _counters.aggregate(root / "stats")
+        if (root / "stats").is_dir()
+        else _counters.aggregate(Path("/nonexistent"))
+    )
     ent = _entries(root)
     c = agg["counters"]
     hits = c["memory_hits"] + c["disk_hits"]
     lookups = hits + c["misses"]
     by_kind_counts = agg["by_kind"]
     saved = 0.0
-    for kind, vals in by_kind_counts.items():
+    for vals in by_kind_counts.values():
         if vals.get("compiles"):
             mean = vals["compile_seconds"] / vals["compiles"]
             # A memory hit saves a compile only the first time in a process; the disk hit
@@ -99,7 +103,10 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "by_kind": {
             k: {
                 **ent["by_kind"].get(k, {"entries": 0, "bytes": 0}),
-                **{f: (round(v, 3) if isinstance(v, float) else v) for f, v in by_kind_counts.get(k, {}).items()},
+                **{
+                    f: (round(v, 3) if isinstance(v, float) else v)
+                    for f, v in by_kind_counts.get(k, {}).items()
+                },
             }
             for k in kinds
         },

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import counters as _counters
-from .errors import ConfigError, InsecurePath, StoreLockTimeout
+from .errors import ConfigError, InsecurePath
 from .fsutil import (
     NOFOLLOW,
     atomic_write,
@@ -159,7 +159,9 @@ class Store:
         except OSError as e:
             # Read-only filesystem, permission denied, full disk: kernels still work,
             # they are just not persisted.
-            self._warn_once("unwritable", f"fa4cache: cannot use {self.root} ({e}); kernels will not be persisted")
+            self._warn_once(
+                "unwritable", f"fa4cache: cannot use {self.root} ({e}); kernels will not be persisted"
+            )
             self.writable = False
         self.counters = _counters.Counters(self.root / "stats" if self.writable else None)
         if self.writable:
@@ -224,7 +226,10 @@ class Store:
         except filelock.Timeout:
             pass
         except OSError as e:
-            self._warn_once("lock", f"fa4cache: cannot lock {self.lock_path(digest)} ({e}); compiling without single-flight")
+            self._warn_once(
+                "lock",
+                f"fa4cache: cannot lock {self.lock_path(digest)} ({e}); compiling without single-flight",
+            )
             return None
         # Someone else holds it: most likely compiling this very kernel. Wait for them.
         t0 = time.perf_counter()
@@ -306,7 +311,9 @@ class Store:
         obj_path = self.object_path(ref, root)
         side_path = self.sidecar_path(ref, root)
         try:
-            side_bytes = read_secure(side_path, max_bytes=MAX_SIDECAR_BYTES, trust_shared=trust, what="sidecar")
+            side_bytes = read_secure(
+                side_path, max_bytes=MAX_SIDECAR_BYTES, trust_shared=trust, what="sidecar"
+            )
         except FileNotFoundError:
             return None
         except InsecurePath as e:
@@ -326,17 +333,23 @@ class Store:
         except (OSError, ValueError) as e:
             return self._corrupt(ref, root, is_base, f"unreadable artifact: {e}")
         if len(data) != sidecar["size"] or sha256_bytes(data) != sidecar["sha256"]:
-            return self._corrupt(ref, root, is_base, f"checksum mismatch ({len(data)} bytes, expected {sidecar['size']})")
+            return self._corrupt(
+                ref, root, is_base, f"checksum mismatch ({len(data)} bytes, expected {sidecar['size']})"
+            )
         return Artifact(ref=ref, path=obj_path, data=data, sidecar=sidecar, from_base=is_base)
 
     def _insecure(self, ref: EntryRef, root: Path, is_base: bool, why: str) -> None:
         self.counters.add("insecure")
-        self._warn_once(f"insecure:{ref.digest}", f"fa4cache: refusing to load {ref.kind} entry {ref.digest[:16]}: {why}")
+        self._warn_once(
+            f"insecure:{ref.digest}", f"fa4cache: refusing to load {ref.kind} entry {ref.digest[:16]}: {why}"
+        )
         return None
 
     def _corrupt(self, ref: EntryRef, root: Path, is_base: bool, why: str) -> None:
         self.counters.add("corrupt")
-        log.warning("fa4cache: corrupt %s entry %s in %s: %s; recompiling", ref.kind, ref.digest[:16], root, why)
+        log.warning(
+            "fa4cache: corrupt %s entry %s in %s: %s; recompiling", ref.kind, ref.digest[:16], root, why
+        )
         if not is_base:
             self.quarantine(ref, why)
         return None
@@ -388,7 +401,10 @@ class Store:
                 # Re-read: another process may have recorded uses since we loaded it.
                 try:
                     cur = parse_sidecar(
-                        read_secure(self.sidecar_path(art.ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False), art.ref
+                        read_secure(
+                            self.sidecar_path(art.ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False
+                        ),
+                        art.ref,
                     )
                 except (OSError, ValueError):
                     cur = None
@@ -473,7 +489,9 @@ class Store:
 
     def _publish_failed(self, e: OSError) -> None:
         self.counters.add("publish_errors")
-        self._warn_once("publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only")
+        self._warn_once(
+            "publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only"
+        )
 
     def _enforce_cap(self) -> None:
         cap = self.settings.max_size
@@ -518,12 +536,18 @@ class Store:
                         if sidecars:
                             try:
                                 side = parse_sidecar(
-                                    read_secure(self.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False),
+                                    read_secure(
+                                        self.sidecar_path(ref),
+                                        max_bytes=MAX_SIDECAR_BYTES,
+                                        trust_shared=False,
+                                    ),
                                     ref,
                                 )
                             except (OSError, ValueError):
                                 side = None
-                        yield EntryInfo(ref=ref, root=self.root, size=st.st_size, mtime=st.st_mtime, sidecar=side)
+                        yield EntryInfo(
+                            ref=ref, root=self.root, size=st.st_size, mtime=st.st_mtime, sidecar=side
+                        )
 
     def remove(self, ref: EntryRef, *, wait: bool = False) -> bool:
         """Delete one entry under its key lock; skipped (False) if someone is publishing it."""
@@ -553,7 +577,9 @@ class Store:
             ref = info.ref
             problem = None
             try:
-                side_bytes = read_secure(self.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False)
+                side_bytes = read_secure(
+                    self.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trust_shared=False
+                )
                 side = parse_sidecar(side_bytes, ref)
                 if side is None:
                     problem = "malformed sidecar"
@@ -586,7 +612,9 @@ class Store:
             for kdir in (self.root / LAYOUT / tc).glob("*/"):
                 for side in kdir.glob("*.json"):
                     if not (kdir / (side.stem + ".o")).exists() and _HEX.fullmatch(side.stem):
-                        report["orphans"].append({"kind": kdir.name, "digest": side.stem, "problem": "sidecar without artifact"})
+                        report["orphans"].append(
+                            {"kind": kdir.name, "digest": side.stem, "problem": "sidecar without artifact"}
+                        )
                         if repair:
                             side.unlink(missing_ok=True)
                             report["repaired"] += 1
@@ -627,7 +655,9 @@ class Store:
         removed: list[EntryInfo] = []
         kept: list[EntryInfo] = []
         for e in entries:
-            stale = stale_toolchains and current_toolchain is not None and e.ref.toolchain != current_toolchain
+            stale = (
+                stale_toolchains and current_toolchain is not None and e.ref.toolchain != current_toolchain
+            )
             old = older_than is not None and now - last_used(e) > older_than
             if (stale or old) and self.remove(e.ref):
                 removed.append(e)

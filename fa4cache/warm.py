@@ -20,7 +20,12 @@ from .spec import KernelSpec
 
 log = logging.getLogger(__name__)
 
-_ARCH_ENV = {"sm_90": ("sm_90", "sm_90a"), "sm_90a": ("sm_90", "sm_90a"), "sm_100": ("sm_100", "sm_100a"), "sm_100a": ("sm_100", "sm_100a")}
+_ARCH_ENV = {
+    "sm_90": ("sm_90", "sm_90a"),
+    "sm_90a": ("sm_90", "sm_90a"),
+    "sm_100": ("sm_100", "sm_100a"),
+    "sm_100a": ("sm_100", "sm_100a"),
+}
 
 
 def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
@@ -97,9 +102,8 @@ def build_mask(spec: KernelSpec) -> Any | None:
 def compile_spec(spec: KernelSpec) -> None:
     """Run FA4 on fake CUDA tensors for ``spec`` (the store, if installed, keeps the kernels)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from flash_attn.cute import interface as fi
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .adapters.flash_attn import record_spec
 
@@ -147,7 +151,9 @@ def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResu
             WarmResult(
                 spec=spec,
                 compiles=int(c["compiles"] - before["compiles"]),
-                disk_hits=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
+                disk_hits=int(
+                    c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]
+                ),
                 seconds=time.perf_counter() - t0,
                 error=err,
             )

@@ -22,6 +22,7 @@ def setup() -> None:
     """Resolve node-local paths, check the directory, install fa4cache, chain the user's hook."""
     global _warned_network
     from fa4cache.adapters.flash_attn import install
+
     from fa4cache.fsinfo import is_network_fs, mount_for
 
     settings = Settings.from_env()
@@ -31,11 +32,16 @@ def setup() -> None:
         log.warning(
             "fa4cache: %s=%s is on a network filesystem (%s at %s); file locks there are slow or "
             "unreliable. Use a node-local path such as /var/tmp/fa4cache-{user} or /local/...",
-            ENV_DIR, settings.cache_dir, fstype, mnt,
+            ENV_DIR,
+            settings.cache_dir,
+            fstype,
+            mnt,
         )
     store = install()
     if not store.writable:
-        raise ConfigError(f"{ENV_DIR}={store.root}: cache directory is not usable in this worker (see the warning above)")
+        raise ConfigError(
+            f"{ENV_DIR}={store.root}: cache directory is not usable in this worker (see the warning above)"
+        )
     # Workers and the driver resolve placeholders the same way; export the resolved path
     # so subprocesses of this worker (compile pools) use the same directory.
     os.environ[ENV_DIR] = str(store.root)

@@ -51,7 +51,9 @@ def prewarm(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    spec_dicts = [s.to_dict() if isinstance(s, KernelSpec) else KernelSpec.from_dict(s).to_dict() for s in specs]
+    spec_dicts = [
+        s.to_dict() if isinstance(s, KernelSpec) else KernelSpec.from_dict(s).to_dict() for s in specs
+    ]
     alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     targets = alive if nodes is None else [n for n in nodes if n in alive]
     missing = [] if nodes is None else [n for n in nodes if n not in alive]
@@ -75,7 +77,9 @@ def prewarm(
                 failed=tuple((a, b) for a, b in r["failed"]),
             )
         except Exception as e:
-            reports[node] = NodeReport(node_id=node, cache_dir=None, failed=(("*", f"{type(e).__name__}: {e}"),))
+            reports[node] = NodeReport(
+                node_id=node, cache_dir=None, failed=(("*", f"{type(e).__name__}: {e}"),)
+            )
     for node in missing:
         reports[node] = NodeReport(node_id=node, cache_dir=None, failed=(("*", "node is not alive"),))
     return reports

@@ -27,7 +27,9 @@ def _check_dir(raw: str, setting: str) -> None:
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-            raise ConfigError(f"{setting}: {probe} is not writable, so {p} cannot be used as a cache directory")
+            raise ConfigError(
+                f"{setting}: {probe} is not writable, so {p} cannot be used as a cache directory"
+            )
 
 
 class ChainedHook:
@@ -91,6 +93,8 @@ def env(
     elif callable(user_hook):
         merged["worker_process_setup_hook"] = ChainedHook(user_hook)
     else:
-        raise ConfigError(f"runtime_env['worker_process_setup_hook']: expected a module path or callable, got {user_hook!r}")
+        raise ConfigError(
+            f"runtime_env['worker_process_setup_hook']: expected a module path or callable, got {user_hook!r}"
+        )
     merged["env_vars"] = {k: str(v) for k, v in env_vars.items()}
     return merged

@@ -28,7 +28,9 @@ def test_stats_json_counts_what_processes_did(doc_store_copy: Path) -> None:
     r1 = run_worker(doc_store_copy, "geometries", "--geometries", "3", "--seed", "1")
     r2 = run_worker(doc_store_copy, "geometries", "--geometries", "2", "--seed", "2")
     st = _json(run_cli(doc_store_copy, "stats", "--json"))
-    assert st["entries"] == 4 and st["bytes"] == sum(p.stat().st_size for p in (doc_store_copy / LAYOUT).glob("*/*/*.o"))
+    assert st["entries"] == 4 and st["bytes"] == sum(
+        p.stat().st_size for p in (doc_store_copy / LAYOUT).glob("*/*/*.o")
+    )
     assert st["compiles"] == r1["compiles"] + r2["compiles"] == 0
     assert st["disk_hits"] == r1["disk_hits"] + r2["disk_hits"] == 8
     assert st["memory_hits"] == r1["memory_hits"] + r2["memory_hits"]
@@ -92,8 +94,12 @@ def test_prune_keeps_recent_entries_and_respects_the_cap_while_loading(doc_store
     left = {p.parent.name for p in (doc_store_copy / LAYOUT).glob("*/*/*.o")}
     # The loader may have republished what prune removed; the fresh forward kernel stays.
     assert "fwd" in left
+
     def last_used() -> dict[str, float]:
-        return {p.stem: json.loads(p.read_text())["last_used"] for p in (doc_store_copy / LAYOUT).glob("*/*/*.json")}
+        return {
+            p.stem: json.loads(p.read_text())["last_used"]
+            for p in (doc_store_copy / LAYOUT).glob("*/*/*.json")
+        }
 
     before = last_used()
     newest = max(before, key=before.get)
@@ -172,11 +178,15 @@ def test_clear_asks_without_yes_and_env_shell(tmp_path: Path) -> None:
 
 
 def test_cli_imports_no_heavy_modules(tmp_path: Path) -> None:
-    code = "import sys, fa4cache.cli as c; c.main(['--cache-dir', sys.argv[1], 'stats', '--json']); " \
-           "print(sorted(m for m in ('torch', 'cutlass', 'ray', 'flash_attn') if m in sys.modules))"
+    code = (
+        "import sys, fa4cache.cli as c; c.main(['--cache-dir', sys.argv[1], 'stats', '--json']); "
+        "print(sorted(m for m in ('torch', 'cutlass', 'ray', 'flash_attn') if m in sys.modules))"
+    )
     d = tmp_path / "c"
     d.mkdir(mode=0o700)
-    p = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "[]"
 

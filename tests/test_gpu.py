@@ -83,7 +83,9 @@ def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> Non
             kw["prefix_lengths"] = torch.randint(0, 300, (cu.numel() - 1,), device=dev)
         mask = make_document_mask(cu, **kw)
     B, T, H, D = mask.batch, mask.seqlen, 4, 128
-    q, k, v = (torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
     mask.check(q)
     dout = torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16)
     out = flash_attn_func(q, k, v, **mask)
@@ -158,7 +160,9 @@ def test_builder_matches_eager_masks() -> None:
         assert torch.equal(got.aux_tensors[0], ref.aux_tensors[0])
         for f in ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx"):
             assert torch.equal(getattr(got.block_sparse_tensors, f), getattr(ref.block_sparse_tensors, f)), f
-            assert torch.equal(getattr(got.block_sparse_tensors_bwd, f), getattr(ref.block_sparse_tensors_bwd, f)), f
+            assert torch.equal(
+                getattr(got.block_sparse_tensors_bwd, f), getattr(ref.block_sparse_tensors_bwd, f)
+            ), f
 
 
 def test_finer_backward_blocks_give_the_same_gradients() -> None:
@@ -171,7 +175,9 @@ def test_finer_backward_blocks_give_the_same_gradients() -> None:
     fa4cache.install()
     T = 3000
     cu = torch.tensor([0, 700, 710, 2100, T], device="cuda", dtype=torch.int32)
-    q, k, v = (torch.randn(1, T, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(1, T, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
     grads = []
     for bwd in (None, (64, 128)):
         m = make_document_mask(cu, bwd_block_size=bwd)

@@ -35,7 +35,17 @@ def test_encodes_fa4_key_element_types() -> None:
     torch = pytest.importorskip("torch")
     import cutlass
 
-    key = (False, None, cutlass.BFloat16, 128, "ab" * 32, ((torch.int32, None, (None, 1)),), 8.0, Color.RED, NT(1, 2))
+    key = (
+        False,
+        None,
+        cutlass.BFloat16,
+        128,
+        "ab" * 32,
+        ((torch.int32, None, (None, 1)),),
+        8.0,
+        Color.RED,
+        NT(1, 2),
+    )
     text = encode_key(key)
     assert "cutlass" in text and "torch.int32" in text and "RED" in text
     assert json.loads(text)  # valid JSON
@@ -63,8 +73,13 @@ def test_digest_is_the_same_in_other_processes_and_seeds() -> None:
     )
     outs = set()
     for seed in ("0", "1", "4242"):
-        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        )
         assert p.returncode == 0, p.stderr
         outs.add(p.stdout.strip())
     here = key_digest("tc", "fwd", encode_key((True, 3, 2.5, "x", None, (1, (2,)), frozenset({1, 2, 3}))))

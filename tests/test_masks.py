@@ -197,8 +197,14 @@ def test_draft_block_metadata_is_safe(seed: int) -> None:
         ({"cu_seqlens": torch.tensor([0, 2**40])}, "cu_seqlens: values do not fit in int32"),
         ({"cu_seqlens": torch.tensor([0, 5]), "seqlen": 6}, "does not match seqlen=6"),
         ({"cu_seqlens": torch.tensor([0, 5]), "window": -1}, "window: expected a non-negative int"),
-        ({"cu_seqlens": torch.tensor([0, 5]), "causal": False, "prefix_lengths": torch.tensor([1])}, "prefix_lengths"),
-        ({"cu_seqlens": torch.tensor([0, 5]), "prefix_lengths": torch.tensor([1, 2])}, r"prefix_lengths: expected shape \[1\]"),
+        (
+            {"cu_seqlens": torch.tensor([0, 5]), "causal": False, "prefix_lengths": torch.tensor([1])},
+            "prefix_lengths",
+        ),
+        (
+            {"cu_seqlens": torch.tensor([0, 5]), "prefix_lengths": torch.tensor([1, 2])},
+            r"prefix_lengths: expected shape \[1\]",
+        ),
         ({}, "exactly one of cu_seqlens or document_ids"),
         ({"document_ids": torch.zeros(5, dtype=torch.long)}, "document_ids: expected \\[batch, seqlen\\]"),
     ],

@@ -46,9 +46,8 @@ def _probe() -> dict[str, Any]:
     import os
     import sys
 
-    from fa4cache.adapters.flash_attn import installed_store
-
     import ray
+    from fa4cache.adapters.flash_attn import installed_store
 
     s = installed_store()
     return {
@@ -64,6 +63,7 @@ def _probe() -> dict[str, Any]:
 
 def _compile_fwd() -> dict[str, Any]:
     from fa4cache.adapters.flash_attn import installed_store
+
     from fa4cache.spec import KernelSpec
     from fa4cache.warm import compile_spec
 
@@ -82,7 +82,9 @@ def test_env_validates_settings() -> None:
         fa4cache.env("relative/dir")
     with pytest.raises(ConfigError, match="unknown store option"):
         fa4cache.env("/tmp/x", not_an_option=1)
-    env = fa4cache.env("/tmp/x-{node_id}", runtime_env={"env_vars": {"MY_VAR": "1", "FA4CACHE_DIR": "/mine"}, "pip": ["x"]})
+    env = fa4cache.env(
+        "/tmp/x-{node_id}", runtime_env={"env_vars": {"MY_VAR": "1", "FA4CACHE_DIR": "/mine"}, "pip": ["x"]}
+    )
     assert env["pip"] == ["x"] and env["env_vars"]["MY_VAR"] == "1"
     assert env["env_vars"]["FA4CACHE_DIR"] == "/tmp/x-{node_id}"
     mine = fa4cache.env("/tmp/x", runtime_env={"env_vars": {"FA4CACHE_DIR": "/mine"}}, prefer_user_env=True)
@@ -94,7 +96,10 @@ def test_actors_get_settings_node_local_dirs_and_user_hook(cluster: Any, tmp_pat
 
     env = fa4cache.env(
         str(tmp_path / "cache-{node_id}"),
-        runtime_env={"env_vars": {"MY_VAR": "kept", **CROSS}, "worker_process_setup_hook": "tests.ray_hooks.mark"},
+        runtime_env={
+            "env_vars": {"MY_VAR": "kept", **CROSS},
+            "worker_process_setup_hook": "tests.ray_hooks.mark",
+        },
     )
     env["env_vars"]["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     ray = _connect(cluster, env)
@@ -104,7 +109,10 @@ def test_actors_get_settings_node_local_dirs_and_user_hook(cluster: Any, tmp_pat
     assert len(nodes) == 2
     probe = ray.remote(_probe)
     out = ray.get(
-        [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+        [
+            probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+            for n in nodes
+        ]
     )
     for o, n in zip(out, nodes):
         assert o["node"] == n
@@ -137,14 +145,17 @@ def test_second_actor_loads_what_the_first_compiled(cluster: Any, tmp_path: Path
 
 
 def test_prewarm_fills_every_node(cluster: Any, tmp_path: Path) -> None:
-    import fa4cache
     from fa4cache.ray_integration import prewarm
+
+    import fa4cache
     from fa4cache.spec import KernelSpec
 
     env = fa4cache.env(str(tmp_path / "pw-{node_id}"), runtime_env={"env_vars": CROSS})
     ray = _connect(cluster, env)
     spec = KernelSpec(mask="document", backward=False, seqlen=640)
-    report = prewarm([spec, {"mask": "document", "backward": False, "head_dim": 96, "seqlen": 640, "heads": 4}])
+    report = prewarm(
+        [spec, {"mask": "document", "backward": False, "head_dim": 96, "seqlen": 640, "heads": 4}]
+    )
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     assert set(report) == set(nodes)
     for node, r in report.items():
@@ -159,7 +170,10 @@ def test_prewarm_fills_every_node(cluster: Any, tmp_path: Path) -> None:
         def step(self) -> dict[str, Any]:
             return _compile_fwd()
 
-    actors = [Trainer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+    actors = [
+        Trainer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in nodes
+    ]
     after = ray.get([a.step.remote() for a in actors])
     assert all(x["compiles"] == 0 for x in after), after
     bad = prewarm([spec], nodes=["f" * 56])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -53,7 +52,9 @@ def test_four_cold_processes_compile_each_kernel_once(tmp_path: Path) -> None:
     d = tmp_path / "cache"
     go = tmp_path / "go"
     procs = [
-        start_worker(d, "compile", "--mask", "causal", "--seqlen", "512", "--wait-file", str(go), PYTHONHASHSEED=str(i))
+        start_worker(
+            d, "compile", "--mask", "causal", "--seqlen", "512", "--wait-file", str(go), PYTHONHASHSEED=str(i)
+        )
         for i in range(4)
     ]
     # Release them together once all are past their imports.
@@ -114,7 +115,9 @@ assert other.root != s3.root and fi._flash_attn_fwd.compile_cache._inst.store is
 print('RESULT ' + json.dumps({'same': s1 is s2, 'patched': len(patched)}))
 """
     env = worker_env(tmp_path / "c", OTHER=str(tmp_path / "other"))
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1][7:])
     assert res["same"] is True and res["patched"] >= 4
@@ -150,7 +153,14 @@ for lp in locks:
     lk.acquire(); lk.release(); free.append(str(lp))
 print('RESULT ' + json.dumps({'err': err, 'locks': len(locks), 'free': len(free), 'seconds': time.perf_counter() - t0}))
 """
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=worker_env(tmp_path / "c"), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=worker_env(tmp_path / "c"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1][7:])
     assert res["err"] is not None

@@ -70,11 +70,11 @@ def main() -> None:
         compile_spec(KernelSpec(mask=a.mask, seqlen=a.seqlen, backward=not a.no_backward))
     else:  # geometries: random document layouts, one FA4 forward+backward each
         import torch
+        from flash_attn.cute import interface as fi
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from fa4cache.masks import make_document_mask
         from fa4cache.warm import _fake_mask
-        from flash_attn.cute import interface as fi
 
         g = torch.Generator().manual_seed(a.seed)
         for _ in range(a.geometries):
@@ -103,7 +103,10 @@ def main() -> None:
         corrupt=int(c["corrupt"]),
         publish_errors=int(c["publish_errors"]),
         lock_waits=int(c["lock_waits"]),
-        memory_hits=sum(p.cache.memory_hits for p in __import__("fa4cache.adapters.flash_attn", fromlist=["x"])._installed.patches),
+        memory_hits=sum(
+            p.cache.memory_hits
+            for p in __import__("fa4cache.adapters.flash_attn", fromlist=["x"])._installed.patches
+        ),
     )
 
 

@@ -6,13 +6,13 @@ come from a real compiled kernel (path in argv[1]).
 
 from __future__ import annotations
 
-import os
 import random
 import sys
+from pathlib import Path
 
 from fa4cache.store import EntryRef, Store
 
-data = open(sys.argv[1], "rb").read()
+data = Path(sys.argv[1]).read_bytes()
 seed = int(sys.argv[2])
 rng = random.Random(seed)
 store = Store()

@@ -42,7 +42,9 @@ def _totals(d: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------- SIGKILL
 
 
-def test_sigkill_at_random_points_of_store_writes(doc_store: dict[str, Any], tmp_path: Path, record: Any) -> None:
+def test_sigkill_at_random_points_of_store_writes(
+    doc_store: dict[str, Any], tmp_path: Path, record: Any
+) -> None:
     d = tmp_path / "cache"
     art = _artifact(doc_store)
     data = art.read_bytes()
@@ -52,7 +54,11 @@ def test_sigkill_at_random_points_of_store_writes(doc_store: dict[str, Any], tmp
     for i in range(iterations):
         p = subprocess.Popen(
             [sys.executable, "-m", "tests.faults.publisher", str(art), str(i)],
-            cwd=ROOT, env=worker_env(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=worker_env(d),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert p.stdout is not None
         assert p.stdout.readline().strip() == "READY", p.stderr.read() if p.stderr else ""
@@ -74,8 +80,11 @@ def test_sigkill_at_random_points_of_store_writes(doc_store: dict[str, Any], tmp
     # Leftover temp files of the dead writers are removed by a prune.
     Store(Settings.from_env(d)).prune(older_than=10**9)
     assert _no_partial_files(d / LAYOUT) == []
-    record("SIGKILL during publish / sidecar / counter writes", f"{iterations} kills at random moments",
-           "verify clean every time; no torn artifact served; counters never decreased")
+    record(
+        "SIGKILL during publish / sidecar / counter writes",
+        f"{iterations} kills at random moments",
+        "verify clean every time; no torn artifact served; counters never decreased",
+    )
 
 
 @pytest.mark.compile
@@ -84,7 +93,9 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
     rng = random.Random(7)
     for _ in range(2):
         marker = tmp_path / f"m{rng.random()}"
-        p = start_worker(d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker))
+        p = start_worker(
+            d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker)
+        )
         while not marker.exists() and p.poll() is None:
             time.sleep(0.02)
         time.sleep(rng.uniform(0.5, 4.0))
@@ -95,8 +106,11 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
     r2 = run_worker(d, "compile", "--mask", "document", "--seqlen", "777", "--no-backward")
     assert r2["compiles"] == 0 and r2["disk_hits"] == 1
     assert Store(Settings.from_env(d)).verify()["clean"]
-    record("SIGKILL during a real compile/export", "2 kills 0.5-4 s into cute.compile",
-           "next process compiles or loads cleanly; the one after loads; verify clean")
+    record(
+        "SIGKILL during a real compile/export",
+        "2 kills 0.5-4 s into cute.compile",
+        "next process compiles or loads cleanly; the one after loads; verify clean",
+    )
 
 
 # --------------------------------------------------------------------------- corruption
@@ -109,12 +123,23 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
         ("bit-flipped artifact", lambda o, s: _flip(o)),
         ("garbage sidecar", lambda o, s: s.write_bytes(os.urandom(300))),
         ("huge sidecar", lambda o, s: s.write_bytes(b"{" + b" " * (300 * 1024) + b"}")),
-        ("sidecar with wrong types", lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "size": "big"}))),
-        ("sidecar for another key", lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "digest": "0" * 64}))),
-        ("bit-flipped sidecar checksum", lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "sha256": "f" * 64}))),
+        (
+            "sidecar with wrong types",
+            lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "size": "big"})),
+        ),
+        (
+            "sidecar for another key",
+            lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "digest": "0" * 64})),
+        ),
+        (
+            "bit-flipped sidecar checksum",
+            lambda o, s: s.write_text(json.dumps({**json.loads(s.read_text()), "sha256": "f" * 64})),
+        ),
     ],
 )
-def test_corruption_is_detected_and_quarantined(doc_store_copy: Path, name: str, damage: Any, record: Any) -> None:
+def test_corruption_is_detected_and_quarantined(
+    doc_store_copy: Path, name: str, damage: Any, record: Any
+) -> None:
     store = Store(Settings.from_env(doc_store_copy))
     e = next(store.iter_entries(kind="bwd"))
     damage(e.object_path, e.object_path.with_suffix(".json"))
@@ -139,7 +164,11 @@ def test_bit_flip_is_recompiled_by_the_next_process(doc_store_copy: Path, record
     r = run_worker(doc_store_copy, "geometries", "--geometries", "1", "--seed", "8")
     assert r["corrupt"] == 1 and r["compiles"] == 1 and r["disk_hits"] == 3
     assert Store(Settings.from_env(doc_store_copy)).verify()["clean"]
-    record("bit flip in a real kernel", "one byte of bwd_pre .o", "quarantined, recompiled, republished (1 compile)")
+    record(
+        "bit flip in a real kernel",
+        "one byte of bwd_pre .o",
+        "quarantined, recompiled, republished (1 compile)",
+    )
 
 
 # --------------------------------------------------------------------------- full disk, read-only
@@ -160,14 +189,21 @@ def test_disk_full_and_read_only_store(tmp_path: Path, record: Any) -> None:
     try:
         assert _mount_tmpfs(ro, "ro,mode=0700")
         try:
-            for d, label in ((full / "cache", "ENOSPC (96 KiB tmpfs)"), (ro / "cache", "read-only filesystem")):
+            for d, label in (
+                (full / "cache", "ENOSPC (96 KiB tmpfs)"),
+                (ro / "cache", "read-only filesystem"),
+            ):
                 r = run_worker(d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward")
                 assert r["compiles"] == 1  # the call still returned a working kernel
                 warnings = [ln for ln in r["stderr"].splitlines() if "fa4cache: cannot" in ln]
                 assert len(warnings) == 1, r["stderr"][-2000:]
                 if d.parent == full:
                     assert _no_partial_files(full) == [] and not list(full.rglob("*.o"))
-                record(label, "store directory on it; real compile", "call succeeds, one warning, nothing partial on disk")
+                record(
+                    label,
+                    "store directory on it; real compile",
+                    "call succeeds, one warning, nothing partial on disk",
+                )
         finally:
             subprocess.run(["umount", str(ro)])
     finally:
@@ -181,7 +217,9 @@ def test_disk_full_and_read_only_store(tmp_path: Path, record: Any) -> None:
 def test_lock_holder_killed_while_compiling(tmp_path: Path, record: Any) -> None:
     d = tmp_path / "cache"
     marker = tmp_path / "compiling"
-    a = start_worker(d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker))
+    a = start_worker(
+        d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker)
+    )
     while not marker.exists():
         assert a.poll() is None
         time.sleep(0.02)
@@ -198,7 +236,19 @@ def test_lock_holder_killed_while_compiling(tmp_path: Path, record: Any) -> None
                 held = True
         time.sleep(0.05)
     assert held
-    waiters = [start_worker(d, "compile", "--mask", "document", "--seqlen", "640", "--no-backward", FA4CACHE_LOCK_TIMEOUT="120") for _ in range(2)]
+    waiters = [
+        start_worker(
+            d,
+            "compile",
+            "--mask",
+            "document",
+            "--seqlen",
+            "640",
+            "--no-backward",
+            FA4CACHE_LOCK_TIMEOUT="120",
+        )
+        for _ in range(2)
+    ]
     time.sleep(6.0)  # both are past their imports and waiting on the lock
     a.kill()
     a.wait()
@@ -206,7 +256,11 @@ def test_lock_holder_killed_while_compiling(tmp_path: Path, record: Any) -> None
     assert sum(r["compiles"] for r in results) == 1, results
     assert sum(r["disk_hits"] for r in results) == 1
     assert all(r["lock_waits"] >= 1 for r in results)
-    record("lock holder SIGKILLed mid-compile", "2 waiters queued on its lock", "lock released by the kernel; exactly 1 waiter compiled, the other loaded")
+    record(
+        "lock holder SIGKILLed mid-compile",
+        "2 waiters queued on its lock",
+        "lock released by the kernel; exactly 1 waiter compiled, the other loaded",
+    )
 
 
 @pytest.mark.compile
@@ -218,7 +272,11 @@ def test_sixteen_cold_processes_random_geometries(tmp_path: Path, record: Any) -
     assert total == 4, [r["compiles"] for r in results]
     assert len(list((d / LAYOUT).glob("*/*/*.o"))) == 4
     assert all(r["corrupt"] == 0 for r in results)
-    record("16 processes, cold store, random layouts", "started together", "4 distinct kernels, 4 compiles in total, no errors")
+    record(
+        "16 processes, cold store, random layouts",
+        "started together",
+        "4 distinct kernels, 4 compiles in total, no errors",
+    )
 
 
 # --------------------------------------------------------------------------- hostile files
@@ -251,11 +309,17 @@ def test_world_writable_and_symlinked_store_directories(tmp_path: Path, record: 
     link.symlink_to(real)
     with pytest.raises(InsecurePath, match="symlink"):
         Store(Settings.from_env(link))
-    record("world-writable store directory", "chmod 777", "refused (InsecurePath); FA4CACHE_INSECURE=warn: memory only")
+    record(
+        "world-writable store directory",
+        "chmod 777",
+        "refused (InsecurePath); FA4CACHE_INSECURE=warn: memory only",
+    )
     record("symlinked store directory", "FA4CACHE_DIR is a symlink", "refused (InsecurePath)")
 
 
-def test_entries_owned_by_others_or_symlinked_are_refused(doc_store: dict[str, Any], tmp_path: Path, record: Any) -> None:
+def test_entries_owned_by_others_or_symlinked_are_refused(
+    doc_store: dict[str, Any], tmp_path: Path, record: Any
+) -> None:
     if os.getuid() != 0:
         pytest.skip("chown to another user needs root")
     store, ref, data = _seeded_store(doc_store, tmp_path / "c")
@@ -296,13 +360,39 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
         os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     local = tmp_path / "local"
     # Not trusted: another user's store is refused.
-    r = run_worker(local, "geometries", "--geometries", "1", "--seed", "3", FA4CACHE_BASE_DIRS=str(base), FA4CACHE_INSECURE="warn")
+    r = run_worker(
+        local,
+        "geometries",
+        "--geometries",
+        "1",
+        "--seed",
+        "3",
+        FA4CACHE_BASE_DIRS=str(base),
+        FA4CACHE_INSECURE="warn",
+    )
     assert r["disk_hits"] == 0 and r["compiles"] == 4
     # Trusted explicitly: kernels come from the base; nothing is written there.
     local2 = tmp_path / "local2"
     before = sorted(str(p) for p in base.rglob("*"))
-    r2 = run_worker(local2, "geometries", "--geometries", "1", "--seed", "3", FA4CACHE_BASE_DIRS=str(base), FA4CACHE_TRUST_SHARED="1")
+    r2 = run_worker(
+        local2,
+        "geometries",
+        "--geometries",
+        "1",
+        "--seed",
+        "3",
+        FA4CACHE_BASE_DIRS=str(base),
+        FA4CACHE_TRUST_SHARED="1",
+    )
     assert r2["compiles"] == 0 and r2["disk_hits"] == 4
     assert sorted(str(p) for p in base.rglob("*")) == before
-    record("layered store, base owned by another user", "FA4CACHE_BASE_DIRS without trust", "base ignored with a warning; compiled locally")
-    record("layered store, trusted read-only base", "FA4CACHE_TRUST_SHARED=1", "4 kernels loaded from the base, 0 compiles, base untouched")
+    record(
+        "layered store, base owned by another user",
+        "FA4CACHE_BASE_DIRS without trust",
+        "base ignored with a warning; compiled locally",
+    )
+    record(
+        "layered store, trusted read-only base",
+        "FA4CACHE_TRUST_SHARED=1",
+        "4 kernels loaded from the base, 0 compiles, base untouched",
+    )
