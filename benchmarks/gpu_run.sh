@@ -3,6 +3,7 @@
 # Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART
 #   PART=tests   GPU tests + mask benchmark
 #   PART=store   store benchmark + Ray benchmark
+#   PART=ray     Ray benchmark only (two GPUs)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 part=${1:-all}
@@ -19,6 +20,10 @@ if [ -f /opt/raystage/ray.part1 ] && [ -f "$repo/.gpu/ray2/ray.part2" ] && [ ! -
   cat /opt/raystage/ray.part1 "$repo/.gpu/ray2/ray.part2" > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
   python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl 2>&1 | tail -3 | tee -a "$out/run.log"
 fi
+if [ -d /opt/raystage/whl ] && [ ! -f /opt/raysite/.deps ]; then
+  # Ray's own dependencies that the GPU image lacks (jsonschema and friends), carried as wheels.
+  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /opt/raystage/whl/*.whl && touch /opt/raysite/.deps
+fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
@@ -31,6 +36,8 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
 fi
 if [ "$part" = store ] || [ "$part" = all ]; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"
+fi
+if [ "$part" = store ] || [ "$part" = ray ] || [ "$part" = all ]; then
   if python3 -c "import ray" 2>"$res/ray_import.log"; then
     timeout 200 python3 benchmarks/bench_ray_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
   else
