@@ -1,0 +1,66 @@
+"""Store and settings behaviour that needs no compile: size cap, placeholders, parsing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fa4cache.errors import ConfigError
+from fa4cache.settings import Settings, parse_duration, parse_size, resolve_path
+from fa4cache.store import EntryRef, Store
+
+
+def _publish(store: Store, i: int, size: int) -> EntryRef:
+    ref = EntryRef("ab" * 10, "fwd", f"{i:064x}")
+    lk = store.acquire(ref.digest)
+    staged = store.staging_path(ref)
+    assert staged is not None
+    staged.write_bytes(os.urandom(size))
+    assert store.publish(ref, staged, {"compile_seconds": 1.0})
+    lk.release()
+    return ref
+
+
+def test_max_size_is_enforced_on_publish(tmp_path: Path) -> None:
+    store = Store(Settings.from_env(tmp_path / "c", max_size=10_000))
+    refs = [_publish(store, i, 3000) for i in range(8)]
+    total = sum(e.size for e in store.iter_entries())
+    assert total <= 10_000
+    # The most recent publish survives the cap.
+    assert store.load(refs[-1]) is not None
+    assert store.counters.values["evictions"] >= 5
+
+
+def test_sizes_durations_and_placeholders(tmp_path: Path) -> None:
+    assert parse_size("2G") == 2 << 30 and parse_size("500M") == 500 << 20 and parse_size("1.5K") == 1536
+    assert parse_duration("30d") == 30 * 86400 and parse_duration("15m") == 900
+    with pytest.raises(ConfigError, match="cannot parse size"):
+        parse_size("lots")
+    p = resolve_path(str(tmp_path / "c-{user}-{hostname}"), setting="FA4CACHE_DIR", node_id="n1")
+    assert "{" not in str(p)
+    assert resolve_path("/x/{node_id}", setting="s", node_id="../evil").name == ".._evil"
+    with pytest.raises(ConfigError, match="unknown placeholder"):
+        resolve_path("/x/{rack}", setting="FA4CACHE_DIR")
+
+
+def test_bad_environment_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FA4CACHE_LOCK_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="FA4CACHE_LOCK_TIMEOUT"):
+        Settings.from_env(tmp_path)
+    monkeypatch.delenv("FA4CACHE_LOCK_TIMEOUT")
+    monkeypatch.setenv("FA4CACHE_DIR", "relative/path")
+    with pytest.raises(ConfigError, match="FA4CACHE_DIR: cache directory must be an absolute path"):
+        Settings.from_env()
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FA4CACHE_MAX_SIZE", "2X")
+    with pytest.raises(ConfigError, match="FA4CACHE_MAX_SIZE"):
+        Settings.from_env()
+
+
+def test_refs_cannot_carry_paths() -> None:
+    with pytest.raises(ConfigError):
+        EntryRef("ab" * 10, "../fwd", "0" * 64)
+    with pytest.raises(ConfigError):
+        EntryRef("ab" * 10, "fwd", "../../etc/passwd")
