@@ -293,6 +293,11 @@ def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
 
 
 def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    import warnings
+
+    # FA4 and the DSL warn about their own deprecations on every import; not the user's concern here.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
     from .spec import KernelSpec
     from .warm import warm
 
@@ -530,6 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `fa4cache stats | head`: the reader left; not an error worth a traceback.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
