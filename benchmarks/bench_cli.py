@@ -38,15 +38,34 @@ def fill(root: Path, n: int) -> None:
         d = root / "v1" / tc / kind
         (d / f"{digest}.o").write_bytes(data)
         side = {
-            "format": 1, "kind": kind, "digest": digest, "toolchain": tc, "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(), "created": now - i, "last_used": now - i,
-            "hits": i % 7, "compile_seconds": 3.0, "summary": {"dtype": "BFloat16", "head_dim": 128},
+            "format": 1,
+            "kind": kind,
+            "digest": digest,
+            "toolchain": tc,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "created": now - i,
+            "last_used": now - i,
+            "hits": i % 7,
+            "compile_seconds": 3.0,
+            "summary": {"dtype": "BFloat16", "head_dim": 128},
         }
         (d / f"{digest}.json").write_text(json.dumps(side))
     for p in range(100):
-        c = {"host": f"node{p % 8}", "pid": 1000 + p, "started": now, "updated": now,
-             "counters": {"memory_hits": 500, "disk_hits": 5, "misses": 1, "compiles": 1, "compile_seconds": 3.0},
-             "by_kind": {"fwd": {"memory_hits": 500, "disk_hits": 5, "compiles": 1, "compile_seconds": 3.0}}}
+        c = {
+            "host": f"node{p % 8}",
+            "pid": 1000 + p,
+            "started": now,
+            "updated": now,
+            "counters": {
+                "memory_hits": 500,
+                "disk_hits": 5,
+                "misses": 1,
+                "compiles": 1,
+                "compile_seconds": 3.0,
+            },
+            "by_kind": {"fwd": {"memory_hits": 500, "disk_hits": 5, "compiles": 1, "compile_seconds": 3.0}},
+        }
         (root / "stats" / f"node{p % 8}~{1000 + p}~abcd{p:04x}.json").write_text(json.dumps(c))
 
 
@@ -74,10 +93,19 @@ def main() -> None:
         ["fa4cache ls --json", timed([*base, "ls", "--json"])],
         ["fa4cache verify", timed([*base, "verify"], runs=3)],
     ]
-    imp = subprocess.run([sys.executable, "-X", "importtime", "-c", "import fa4cache"], capture_output=True, text=True)
-    heavy = sorted({ln.split("|")[-1].strip().split(".")[0] for ln in imp.stderr.splitlines()
-                    if ln.split("|")[-1].strip().split(".")[0] in ("torch", "cutlass", "ray", "flash_attn")})
-    st = json.loads(subprocess.run([*base, "stats", "--json"], capture_output=True, text=True, check=True).stdout)
+    imp = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import fa4cache"], capture_output=True, text=True
+    )
+    heavy = sorted(
+        {
+            ln.split("|")[-1].strip().split(".")[0]
+            for ln in imp.stderr.splitlines()
+            if ln.split("|")[-1].strip().split(".")[0] in ("torch", "cutlass", "ray", "flash_attn")
+        }
+    )
+    st = json.loads(
+        subprocess.run([*base, "stats", "--json"], capture_output=True, text=True, check=True).stdout
+    )
     assert st["entries"] == a.entries
     save(
         "cli_cpu",

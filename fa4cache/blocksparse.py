@@ -98,30 +98,27 @@ def block_sparse_tensors(
     ``bwd_block_size`` (default: ``block_size``) lets the backward use finer query
     blocks (on sm90, FA4's backward tiles queries by 64).
     """
-    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-
     bq, bk = block_size
     partial, full = classify_tiles(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bq, block_k=bk)
+    fwd = _as_fa4(partial, full, (bq, bk))
+    if bwd_block_size is not None and tuple(bwd_block_size) != (bq, bk):
+        bq, bk = bwd_block_size
+        partial, full = classify_tiles(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bq, block_k=bk)
+    # The backward walks key blocks and lists query blocks: the transpose.
+    bwd = _as_fa4(partial.transpose(1, 2), full.transpose(1, 2), (bq, bk))
+    return fwd, bwd
+
+
+def _as_fa4(partial: Any, full: Any, block_size: tuple[int, int]) -> Any:
+    """FA4's ``BlockSparseTensorsTorch`` from per-row flags, with a broadcast head dim."""
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
     m_cnt, m_idx = _ordered(partial)
     f_cnt, f_idx = _ordered(full)
-    fwd = BlockSparseTensorsTorch(
+    return BlockSparseTensorsTorch(
         mask_block_cnt=m_cnt.unsqueeze(1),
         mask_block_idx=m_idx.unsqueeze(1),
         full_block_cnt=f_cnt.unsqueeze(1),
         full_block_idx=f_idx.unsqueeze(1),
-        block_size=(bq, bk),
+        block_size=block_size,
     )
-    if bwd_block_size is not None and tuple(bwd_block_size) != (bq, bk):
-        bq, bk = bwd_block_size
-        partial, full = classify_tiles(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bq, block_k=bk)
-    pt, ft = partial.transpose(1, 2), full.transpose(1, 2)
-    bm_cnt, bm_idx = _ordered(pt)
-    bf_cnt, bf_idx = _ordered(ft)
-    bwd = BlockSparseTensorsTorch(
-        mask_block_cnt=bm_cnt.unsqueeze(1),
-        mask_block_idx=bm_idx.unsqueeze(1),
-        full_block_cnt=bf_cnt.unsqueeze(1),
-        full_block_idx=bf_idx.unsqueeze(1),
-        block_size=(bq, bk),
-    )
-    return fwd, bwd

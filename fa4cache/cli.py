@@ -530,15 +530,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `fa4cache stats | head`: the reader left; not an error worth a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (Fa4CacheError, OSError, ValueError) as e:
         print(f"fa4cache {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # `fa4cache stats | head`: the reader left; not an error worth a traceback.
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":

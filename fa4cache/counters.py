@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write, ensure_private_dir
+from .fsutil import atomic_write, ensure_private_dir, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
                 continue
             parts = name[: -len(".json")].split("~")
             dead_local = (
-                len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1]))
+                len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not pid_alive(int(parts[1]))
             )
             if not dead_local and now - _num(obj.get("updated")) < older_than:
                 continue
@@ -265,13 +265,3 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
         return len(folded)
     finally:
         lock.release()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

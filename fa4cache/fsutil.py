@@ -159,7 +159,8 @@ def _unlink_quiet(path: Path) -> None:
         pass
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -192,7 +193,7 @@ def clean_stale_tmp(directory: Path, *, max_age: float = 3600.0) -> int:
             except OSError:
                 continue
             if len(parts) == 4 and parts[1] == _HOST and parts[2].isdigit():
-                stale = not _pid_alive(int(parts[2])) or age > max_age
+                stale = not pid_alive(int(parts[2])) or age > max_age
             else:
                 stale = age > max_age
             if stale:
