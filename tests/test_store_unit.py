@@ -64,3 +64,39 @@ def test_refs_cannot_carry_paths() -> None:
         EntryRef("ab" * 10, "../fwd", "0" * 64)
     with pytest.raises(ConfigError):
         EntryRef("ab" * 10, "fwd", "../../etc/passwd")
+
+
+def test_counter_compaction_keeps_totals_and_never_double_counts(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    from fa4cache import counters
+
+    d = tmp_path / "stats"
+    d.mkdir(mode=0o700)
+    host = socket.gethostname()
+    for i in range(5):
+        # pids far above pid_max: these processes are certainly gone
+        obj = {
+            "host": host,
+            "pid": 4_000_000 + i,
+            "updated": 0,
+            "counters": {"compiles": 1, "disk_hits": 2},
+            "by_kind": {},
+        }
+        (d / f"{host}~{4_000_000 + i}~t{i}.json").write_text(json.dumps(obj))
+    before = counters.aggregate(d)["counters"]
+    assert counters.compact(d) == 5
+    after = counters.aggregate(d)["counters"]
+    assert before == after and after["compiles"] == 5 and after["disk_hits"] == 10
+    assert not list(d.glob(f"{host}~*.json"))
+    # A crash between writing the archive and deleting the files: the names are in the
+    # archive's merged list, so the files are not counted twice.
+    archive = json.loads((d / "archive.json").read_text())
+    (d / f"{host}~4000009~tz.json").write_text(
+        json.dumps({"host": host, "counters": {"compiles": 7}, "by_kind": {}, "updated": 0})
+    )
+    archive["merged"] = [f"{host}~4000009~tz.json"]
+    archive["by_host"][host]["counters"]["compiles"] += 7
+    (d / "archive.json").write_text(json.dumps(archive))
+    assert counters.aggregate(d)["counters"]["compiles"] == 12
