@@ -288,7 +288,8 @@ def make_document_mask(
       ``[D]`` with ``cu_seqlens``, ``[B, max_documents]`` with ``document_ids``.
 
     ``block_size`` is FA4's sparse tile (query, key); ``bwd_block_size`` optionally a
-    finer one for the backward. ``seqlen`` (the total length) saves a device sync when
+    finer one for the backward (on sm90 FA4's backward tiles queries by 64; two H200
+    runs disagreed on whether 64x128 helps, so it is not the default). ``seqlen`` (the total length) saves a device sync when
     given with ``cu_seqlens``.
     ``validate=False`` skips the checks that read values back from the device, for
     CUDA-graph capture. Returns an :class:`AttentionMask`.
