@@ -99,6 +99,10 @@ def block_sparse_tensors(
     blocks (on sm90, FA4's backward tiles queries by 64).
     """
     bq, bk = block_size
+    if _use_triton(lo, block_size, bwd_block_size):
+        return _triton_tensors(
+            lo, hi, seqlen_q, seqlen_k, tuple(block_size), tuple(bwd_block_size or block_size)
+        )
     partial, full = classify_tiles(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bq, block_k=bk)
     fwd = _as_fa4(partial, full, (bq, bk))
     if bwd_block_size is not None and tuple(bwd_block_size) != (bq, bk):
@@ -107,6 +111,48 @@ def block_sparse_tensors(
     # The backward walks key blocks and lists query blocks: the transpose.
     bwd = _as_fa4(partial.transpose(1, 2), full.transpose(1, 2), (bq, bk))
     return fwd, bwd
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int, int] | None) -> bool:
+    """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out)."""
+    import os
+
+    if not lo.is_cuda or os.environ.get("FA4CACHE_TRITON", "1") == "0":
+        return False
+    if not all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size))):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _triton_tensors(
+    lo: Any, hi: Any, seqlen_q: int, seqlen_k: int, block: tuple[int, int], bwd_block: tuple[int, int]
+) -> tuple[Any, Any]:
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    from . import blocksparse_triton as bt
+
+    def pack(cnt_p: Any, idx_p: Any, cnt_f: Any, idx_f: Any, bs: tuple[int, int]) -> Any:
+        return BlockSparseTensorsTorch(
+            mask_block_cnt=cnt_p.unsqueeze(1),
+            mask_block_idx=idx_p.unsqueeze(1),
+            full_block_cnt=cnt_f.unsqueeze(1),
+            full_block_idx=idx_f.unsqueeze(1),
+            block_size=bs,
+        )
+
+    r = bt.lists(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=block[0], block_k=block[1])
+    fwd = pack(*r[:4], block)
+    if bwd_block != block:
+        r = bt.lists(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bwd_block[0], block_k=bwd_block[1])
+    return fwd, pack(*r[4:], bwd_block)
 
 
 def _as_fa4(partial: Any, full: Any, block_size: tuple[int, int]) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -188,3 +189,35 @@ def test_finer_backward_blocks_give_the_same_gradients() -> None:
             t.grad = None
     for a, b in zip(*grads):
         assert _rel(a, b) < 1e-2
+
+
+def test_triton_metadata_matches_torch_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from fa4cache.masks import make_document_mask, make_draft_block_mask
+
+    rng = random.Random(3)
+    for _ in range(5):
+        T = rng.randint(1000, 20000)
+        cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
+        anchors = torch.randint(0, 500, (2, 6), device="cuda")
+        for build in (
+            lambda: make_document_mask(cu, window=rng.choice([None, 300])),
+            lambda: make_draft_block_mask(anchors, context_len=500, block_size=16),
+        ):
+            monkeypatch.setenv("FA4CACHE_TRITON", "1")
+            a = build()
+            monkeypatch.setenv("FA4CACHE_TRITON", "0")
+            b = build()
+            for x, y in (
+                (a.block_sparse_tensors, b.block_sparse_tensors),
+                (a.block_sparse_tensors_bwd, b.block_sparse_tensors_bwd),
+            ):
+                assert torch.equal(x.mask_block_cnt, y.mask_block_cnt) and torch.equal(
+                    x.full_block_cnt, y.full_block_cnt
+                )
+                for r in range(x.mask_block_cnt.shape[-1]):
+                    c = int(x.mask_block_cnt[0, 0, r])
+                    assert torch.equal(x.mask_block_idx[0, 0, r, :c], y.mask_block_idx[0, 0, r, :c])
+                    f = int(x.full_block_cnt[0, 0, r])
+                    assert torch.equal(x.full_block_idx[0, 0, r, :f], y.full_block_idx[0, 0, r, :f])

@@ -1,0 +1,146 @@
+"""The closed-form tile classification of :mod:`fa4cache.blocksparse`, fused into three
+Triton kernels: per-block bounds, then the forward and backward index lists.
+
+Same result as the PyTorch path (tests compare them, on the CPU through Triton's
+interpreter), in a handful of launches instead of several dozen small ones: the launch
+count, not the arithmetic, is what the metadata build costs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+BIG = 1 << 30
+
+
+@triton.jit
+def _block_bounds(
+    lo_ptr, hi_ptr, s_b, s_k, s_t, stats_ptr, seqlen_q, M,
+    K: tl.constexpr, BQ: tl.constexpr,
+):  # fmt: skip
+    # One program per (batch, query block): min/max of each interval's bounds over its rows.
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    rows = i * BQ + tl.arange(0, BQ)
+    valid = rows < seqlen_q
+    for k in tl.static_range(K):
+        base = b * s_b + k * s_k
+        lo = tl.load(lo_ptr + base + rows * s_t, mask=valid, other=0)
+        hi = tl.load(hi_ptr + base + rows * s_t, mask=valid, other=0)
+        nonempty = (hi > lo) & valid
+        out = stats_ptr + ((b * K + k) * M + i) * 4
+        tl.store(out + 0, tl.min(tl.where(nonempty, lo, BIG), 0))
+        tl.store(out + 1, tl.max(tl.where(nonempty, hi, -BIG), 0))
+        tl.store(out + 2, tl.max(tl.where(valid, lo, -BIG), 0))
+        tl.store(out + 3, tl.min(tl.where(valid, hi, BIG), 0))
+
+
+@triton.jit
+def _fwd_lists(
+    stats_ptr, seqlen_k, M, N, cnt_p, idx_p, cnt_f, idx_f,
+    K: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    # One program per (batch, query block): which key blocks are partial / full.
+    b = tl.program_id(0)
+    i = tl.program_id(1)
+    row = b * M + i
+    n_p = 0
+    n_f = 0
+    for start in range(0, N, CHUNK):
+        j = start + tl.arange(0, CHUNK)
+        inb = j < N
+        col_lo = j * BK
+        col_end = col_lo + BK
+        col_hi = tl.minimum(col_end, seqlen_k)
+        touched = tl.zeros([CHUNK], dtype=tl.int1)
+        full = tl.zeros([CHUNK], dtype=tl.int1)
+        for k in tl.static_range(K):
+            s = stats_ptr + ((b * K + k) * M + i) * 4
+            t_lo = tl.load(s + 0)
+            t_hi = tl.load(s + 1)
+            f_lo = tl.load(s + 2)
+            f_hi = tl.load(s + 3)
+            touched = touched | ((t_lo < col_hi) & (t_hi > col_lo))
+            full = full | ((f_lo <= col_lo) & (f_hi >= col_end) & (col_end <= seqlen_k))
+        full = full & touched & inb
+        partial = touched & (~full) & inb
+        pp = partial.to(tl.int32)
+        pf = full.to(tl.int32)
+        pos_p = n_p + tl.cumsum(pp, 0) - 1
+        pos_f = n_f + tl.cumsum(pf, 0) - 1
+        tl.store(idx_p + row * N + pos_p, j, mask=partial)
+        tl.store(idx_f + row * N + pos_f, j, mask=full)
+        n_p += tl.sum(pp, 0)
+        n_f += tl.sum(pf, 0)
+    tl.store(cnt_p + row, n_p)
+    tl.store(cnt_f + row, n_f)
+
+
+@triton.jit
+def _bwd_lists(
+    stats_ptr, seqlen_k, M, N, cnt_p, idx_p, cnt_f, idx_f,
+    K: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    # One program per (batch, key block): which query blocks are partial / full (the transpose).
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    row = b * N + j
+    col_lo = j * BK
+    col_end = col_lo + BK
+    col_hi = tl.minimum(col_end, seqlen_k)
+    n_p = 0
+    n_f = 0
+    for start in range(0, M, CHUNK):
+        i = start + tl.arange(0, CHUNK)
+        inb = i < M
+        touched = tl.zeros([CHUNK], dtype=tl.int1)
+        full = tl.zeros([CHUNK], dtype=tl.int1)
+        for k in tl.static_range(K):
+            s = stats_ptr + ((b * K + k) * M + i) * 4
+            t_lo = tl.load(s + 0, mask=inb, other=BIG)
+            t_hi = tl.load(s + 1, mask=inb, other=-BIG)
+            f_lo = tl.load(s + 2, mask=inb, other=BIG)
+            f_hi = tl.load(s + 3, mask=inb, other=-BIG)
+            touched = touched | ((t_lo < col_hi) & (t_hi > col_lo))
+            full = full | ((f_lo <= col_lo) & (f_hi >= col_end) & (col_end <= seqlen_k))
+        full = full & touched & inb
+        partial = touched & (~full) & inb
+        pp = partial.to(tl.int32)
+        pf = full.to(tl.int32)
+        pos_p = n_p + tl.cumsum(pp, 0) - 1
+        pos_f = n_f + tl.cumsum(pf, 0) - 1
+        tl.store(idx_p + row * M + pos_p, i, mask=partial)
+        tl.store(idx_f + row * M + pos_f, i, mask=full)
+        n_p += tl.sum(pp, 0)
+        n_f += tl.sum(pf, 0)
+    tl.store(cnt_p + row, n_p)
+    tl.store(cnt_f + row, n_f)
+
+
+def lists(lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int) -> tuple[Any, ...]:
+    """``(fwd_cnt_p, fwd_idx_p, fwd_cnt_f, fwd_idx_f, bwd_cnt_p, bwd_idx_p, bwd_cnt_f, bwd_idx_f)``,
+    counts ``[B, R]`` and left-packed ascending indices ``[B, R, C]`` (int32); index slots
+    past a row's count hold 0."""
+    import torch
+
+    B, K, _ = lo.shape
+    M = -(-seqlen_q // block_q)
+    N = -(-seqlen_k // block_k)
+    dev = lo.device
+    stats = torch.empty(B, K, M, 4, dtype=torch.int32, device=dev)
+    _block_bounds[(B, M)](
+        lo, hi, lo.stride(0), lo.stride(1), lo.stride(2), stats, seqlen_q, M, K=K, BQ=block_q
+    )
+    out = []
+    for rows, cols, kern in ((M, N, _fwd_lists), (N, M, _bwd_lists)):
+        cnt_p = torch.empty(B, rows, dtype=torch.int32, device=dev)
+        cnt_f = torch.empty(B, rows, dtype=torch.int32, device=dev)
+        idx_p = torch.zeros(B, rows, cols, dtype=torch.int32, device=dev)
+        idx_f = torch.zeros(B, rows, cols, dtype=torch.int32, device=dev)
+        chunk = min(1024, triton.next_power_of_2(max(cols, 16)))
+        kern[(B, rows)](stats, seqlen_k, M, N, cnt_p, idx_p, cnt_f, idx_f, K=K, BK=block_k, CHUNK=chunk)
+        out += [cnt_p, idx_p, cnt_f, idx_f]
+    return tuple(out)
