@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -202,8 +201,8 @@ def test_triton_metadata_matches_torch_metadata(monkeypatch: pytest.MonkeyPatch)
         cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
         anchors = torch.randint(0, 500, (2, 6), device="cuda")
         for build in (
-            lambda: make_document_mask(cu, window=rng.choice([None, 300])),
-            lambda: make_draft_block_mask(anchors, context_len=500, block_size=16),
+            lambda cu=cu: make_document_mask(cu, window=rng.choice([None, 300])),
+            lambda anchors=anchors: make_draft_block_mask(anchors, context_len=500, block_size=16),
         ):
             monkeypatch.setenv("FA4CACHE_TRITON", "1")
             a = build()
