@@ -13,7 +13,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-BIG = 1 << 30
+BIG = tl.constexpr(1 << 30)  # a global read inside kernels must be a constexpr
 
 
 @triton.jit

@@ -200,8 +200,9 @@ def test_triton_metadata_matches_torch_metadata(monkeypatch: pytest.MonkeyPatch)
         T = rng.randint(1000, 20000)
         cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
         anchors = torch.randint(0, 500, (2, 6), device="cuda")
+        window = rng.choice([None, 300])  # drawn once: both paths must see the same mask
         for build in (
-            lambda cu=cu: make_document_mask(cu, window=rng.choice([None, 300])),
+            lambda cu=cu, window=window: make_document_mask(cu, window=window),
             lambda anchors=anchors: make_draft_block_mask(anchors, context_len=500, block_size=16),
         ):
             monkeypatch.setenv("FA4CACHE_TRITON", "1")
