@@ -135,36 +135,28 @@ def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int,
 def _triton_tensors(
     lo: Any, hi: Any, seqlen_q: int, seqlen_k: int, block: tuple[int, int], bwd_block: tuple[int, int]
 ) -> tuple[Any, Any]:
-    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-
     from . import blocksparse_triton as bt
 
-    def pack(cnt_p: Any, idx_p: Any, cnt_f: Any, idx_f: Any, bs: tuple[int, int]) -> Any:
-        return BlockSparseTensorsTorch(
-            mask_block_cnt=cnt_p.unsqueeze(1),
-            mask_block_idx=idx_p.unsqueeze(1),
-            full_block_cnt=cnt_f.unsqueeze(1),
-            full_block_idx=idx_f.unsqueeze(1),
-            block_size=bs,
-        )
-
     r = bt.lists(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=block[0], block_k=block[1])
-    fwd = pack(*r[:4], block)
+    fwd = _pack(*r[:4], block)
     if bwd_block != block:
         r = bt.lists(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_q=bwd_block[0], block_k=bwd_block[1])
-    return fwd, pack(*r[4:], bwd_block)
+    return fwd, _pack(*r[4:], bwd_block)
 
 
 def _as_fa4(partial: Any, full: Any, block_size: tuple[int, int]) -> Any:
-    """FA4's ``BlockSparseTensorsTorch`` from per-row flags, with a broadcast head dim."""
+    """FA4's ``BlockSparseTensorsTorch`` from per-row flags."""
+    return _pack(*_ordered(partial), *_ordered(full), block_size)
+
+
+def _pack(cnt_p: Any, idx_p: Any, cnt_f: Any, idx_f: Any, block_size: tuple[int, int]) -> Any:
+    """FA4's ``BlockSparseTensorsTorch`` from counts and index lists, with a broadcast head dim."""
     from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
 
-    m_cnt, m_idx = _ordered(partial)
-    f_cnt, f_idx = _ordered(full)
     return BlockSparseTensorsTorch(
-        mask_block_cnt=m_cnt.unsqueeze(1),
-        mask_block_idx=m_idx.unsqueeze(1),
-        full_block_cnt=f_cnt.unsqueeze(1),
-        full_block_idx=f_idx.unsqueeze(1),
+        mask_block_cnt=cnt_p.unsqueeze(1),
+        mask_block_idx=idx_p.unsqueeze(1),
+        full_block_cnt=cnt_f.unsqueeze(1),
+        full_block_idx=idx_f.unsqueeze(1),
         block_size=block_size,
     )

@@ -59,11 +59,8 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
     """Totals for a store directory without creating it or importing FA4."""
     settings = Settings.from_env(cache_dir)
     root = settings.cache_dir
-    agg = (
-        _counters.aggregate(root / "stats")
-        if (root / "stats").is_dir()
-        else _counters.aggregate(Path("/nonexistent"))
-    )
+    # A missing stats directory aggregates to zeros.
+    agg = _counters.aggregate(root / "stats")
     ent = _entries(root)
     c = agg["counters"]
     hits = c["memory_hits"] + c["disk_hits"]
