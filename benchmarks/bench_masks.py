@@ -10,6 +10,7 @@ flex's ``create_block_mask``. Prints a table and saves it under benchmarks/resul
 from __future__ import annotations
 
 import argparse
+import os
 import random
 from typing import Any
 
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--window", type=int, default=1024)
     p.add_argument("--no-flex", action="store_true")
     a = p.parse_args()
 
@@ -38,11 +40,13 @@ def main() -> None:
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
     import fa4cache
-    from fa4cache.masks import DocumentMaskBuilder, make_document_mask
+    from fa4cache.masks import ENV_INTERVAL_MASKING, DocumentMaskBuilder, make_document_mask
 
     fa4cache.install()
     H, D = a.heads, a.head_dim
     rows: list[list[Any]] = []
+    window_rows: list[list[Any]] = []
+    aligned_rows: list[list[Any]] = []
     meta_rows: list[list[Any]] = []
     data: dict[str, Any] = {"runs": []}
 
@@ -65,7 +69,22 @@ def main() -> None:
 
         mask = make_document_mask(cu, seqlen=T)
         mask64 = make_document_mask(cu, seqlen=T, bwd_block_size=(64, 128))
-        bare = {"mask_mod": mask.mask_mod, "aux_tensors": mask.aux_tensors}
+        win = make_document_mask(cu, seqlen=T, window=a.window)
+        # FA4's own per-score mask_mod path for partial tiles (what the mask did before
+        # fa4cache declared its row intervals to FA4).
+        os.environ[ENV_INTERVAL_MASKING] = "0"
+        elementwise = make_document_mask(cu, seqlen=T)
+        del os.environ[ENV_INTERVAL_MASKING]
+        bare = {"mask_mod": elementwise.mask_mod, "aux_tensors": elementwise.aux_tensors}
+        bs = mask.block_sparse_tensors
+        data.setdefault("tiles", []).append(
+            {
+                "tokens": T,
+                "fwd_partial": int(bs.mask_block_cnt.sum()),
+                "fwd_full": int(bs.full_block_cnt.sum()),
+                "varlen_diagonal": sum((n + 127) // 128 for n in lens),
+            }
+        )
 
         def first(x: Any) -> Any:
             return x[0] if isinstance(x, tuple) else x
@@ -87,6 +106,10 @@ def main() -> None:
                 dout,
             ),
             "fa4cache document mask": (lambda: first(flash_attn_func(q4, k4, v4, **mask)), dout4),
+            "fa4cache document mask, element-wise mask_mod": (
+                lambda: first(flash_attn_func(q4, k4, v4, **elementwise)),
+                dout4,
+            ),
             "fa4cache document mask, bwd blocks 64x128": (
                 lambda: first(flash_attn_func(q4, k4, v4, **mask64)),
                 dout4,
@@ -164,6 +187,74 @@ def main() -> None:
                 ]
             )
         data["runs"].append({"tokens": T, "documents": len(lens), "results": res})
+
+        def versus_anchor(out_rows: list[list[Any]], methods: dict[str, tuple[Any, Any]]) -> None:
+            # The first method is the anchor; a failure must not cost the main table.
+            try:
+                ref = None
+                got = {}
+                for name, (fwd, g) in methods.items():
+                    o = fwd().detach().float().reshape(T, H, D)
+                    ref = o if ref is None else ref
+                    t_f = bench(fwd)
+                    t_fb = bench(lambda fwd=fwd, g=g: fwd().backward(g))
+                    got[name] = (t_f, t_fb, float((o - ref).norm() / ref.norm()))
+                (af, afb, _), *_ = got.values()
+                for name, (t_f, t_fb, err) in got.items():
+                    out_rows.append(
+                        [
+                            T,
+                            name,
+                            t_f,
+                            t_fb,
+                            f"{100 * af / t_f:.0f}%",
+                            f"{100 * afb / t_fb:.0f}%",
+                            f"{err:.1e}",
+                        ]
+                    )
+            except Exception as e:
+                out_rows.append([T, f"failed: {type(e).__name__}: {str(e)[:120]}", "", "", "", "", ""])
+
+        def varlen(cu_: Any, maxlen_: int, **kw: Any) -> Any:
+            return first(
+                flash_attn_varlen_func(
+                    q, k, v, cu_seqlens_q=cu_, cu_seqlens_k=cu_, max_seqlen_q=maxlen_,
+                    max_seqlen_k=maxlen_, causal=True, **kw,
+                )
+            )  # fmt: skip
+
+        # Sliding window inside documents: the same mask code, anchored on FA4 varlen's
+        # own local attention.
+        versus_anchor(
+            window_rows,
+            {
+                f"FA4 varlen, window {a.window} (anchor)": (
+                    lambda: varlen(cu, maxlen, window_size=(a.window, 0)),
+                    dout,
+                ),
+                f"fa4cache document mask, window {a.window}": (
+                    lambda: first(flash_attn_func(q4, k4, v4, **win)),
+                    dout4,
+                ),
+            },
+        )
+        # Documents whose lengths are multiples of 128: no tile straddles a boundary, so
+        # the mask computes exactly varlen's tiles. The gap left here is FA4's block-sparse
+        # path itself; the rest of the gap above is the straddling tiles.
+        lens_al = [max(256, n // 128 * 128) for n in lens]
+        while sum(lens_al) > T:
+            i = max(range(len(lens_al)), key=lens_al.__getitem__)
+            lens_al[i] -= min(128, sum(lens_al) - T)
+        lens_al[-1] += T - sum(lens_al)
+        cu_al = torch.tensor([0, *torch.tensor(lens_al).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        mask_al = make_document_mask(cu_al, seqlen=T)
+        versus_anchor(
+            aligned_rows,
+            {
+                "FA4 varlen (anchor)": (lambda: varlen(cu_al, max(lens_al)), dout),
+                "fa4cache document mask": (lambda: first(flash_attn_func(q4, k4, v4, **mask_al)), dout4),
+            },
+        )
     flex_rows = {(r[0], r[1]): r for r in rows}
     ratios = []
     for T in a.lengths:
@@ -188,7 +279,28 @@ def main() -> None:
                 rows,
             ),
         ),
+        (
+            f"Sliding window {a.window} inside documents (median ms; % of FA4 varlen local)",
+            table(
+                ["tokens", "method", "fwd ms", "fwd+bwd ms", "fwd vs varlen", "fwd+bwd vs varlen", "rel err"],
+                window_rows,
+            ),
+        ),
+        (
+            "Documents aligned to 128 tokens: no tile straddles a boundary (median ms)",
+            table(
+                ["tokens", "method", "fwd ms", "fwd+bwd ms", "fwd vs varlen", "fwd+bwd vs varlen", "rel err"],
+                aligned_rows,
+            ),
+        ),
         ("Block-sparse metadata build (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
+        (
+            "Forward tiles (128x128) computed",
+            table(
+                ["tokens", "masked (partial) tiles", "full tiles", "varlen diagonal tiles"],
+                [[t["tokens"], t["fwd_partial"], t["fwd_full"], t["varlen_diagonal"]] for t in data["tiles"]],
+            ),
+        ),
     ]
     if ratios:
         sections.append(("Speed-up over flex_attention (x)", table(["tokens", "fwd", "fwd+bwd"], ratios)))

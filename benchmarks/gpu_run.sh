@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU run, on the lent H200 machine (two GPUs for the Ray part).
 # Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART
-#   PART=tests   GPU tests + mask benchmark
+#   PART=tests   GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two)
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 set -uo pipefail
@@ -13,9 +13,9 @@ mkdir -p "$out"
 res=$(mktemp -d)
 export FA4CACHE_RESULTS=$res
 site=/opt/fa4cache-site
-if [ ! -d $site/fa4cache ]; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $site "$repo" || exit 3
-fi
+# Always reinstall: a warm machine may still hold the previous call's copy.
+rm -rf "$site" "$repo/build"
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $site "$repo" || exit 3
 if [ -f /opt/raystage/ray.part1 ] && [ -f "$repo/.gpu/ray2/ray.part2" ] && [ ! -d /opt/raysite/ray ]; then
   cat /opt/raystage/ray.part1 "$repo/.gpu/ray2/ray.part2" > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
   python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl 2>&1 | tail -3 | tee -a "$out/run.log"
@@ -27,12 +27,14 @@ fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
-if [ "$part" = tests ] || [ "$part" = all ]; then
+if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = all ]; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
      -o addopts="" -m gpu "$repo/tests/test_gpu.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
-  timeout 420 python3 benchmarks/bench_masks.py 2>&1 | tail -60 | tee -a "$out/run.log"
+fi
+if [ "$part" = tests ] || [ "$part" = masks ] || [ "$part" = all ]; then
+  timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"
 fi
 if [ "$part" = store ] || [ "$part" = all ]; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"

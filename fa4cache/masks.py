@@ -19,10 +19,15 @@ metadata in closed form (:mod:`fa4cache.blocksparse`).
 from __future__ import annotations
 
 import functools
+import inspect
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from fa4cache.adapters.fa4_interval_masking import ROW_INTERVALS_ATTR
+from fa4cache.adapters.fa4_interval_masking import enable as enable_interval_masking
 
 from .errors import ConfigError
 from .hashing import encode_key, source_digest
@@ -31,6 +36,13 @@ from .hashing import encode_key, source_digest
 # evaluate the mask for out-of-range rows of the last tile before discarding them.
 ROW_PAD = 256
 BIG = 1 << 30
+# "0" keeps FA4's element-wise mask_mod path for the built-in masks (see
+# fa4cache.adapters.fa4_interval_masking); part of the masks' specialisation.
+ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
+
+
+def interval_masking_enabled() -> bool:
+    return os.environ.get(ENV_INTERVAL_MASKING, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class MaskTemplate:
@@ -49,7 +61,18 @@ class MaskTemplate:
         self._source: str | None = None
         functools.update_wrapper(self, factory)
 
+    def _normalise(self, spec: dict[str, Any]) -> dict[str, Any]:
+        # Defaults are filled in, so that f(causal=True) and f(causal=True, x=<default>)
+        # are the same specialisation (same object, same hash).
+        try:
+            bound = inspect.signature(self.factory).bind(**spec)
+        except TypeError as e:
+            raise ConfigError(f"mask template {self.name}: {e}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
     def spec_text(self, **spec: Any) -> str:
+        spec = self._normalise(spec)
         try:
             return encode_key(tuple(sorted(spec.items())))
         except Exception as e:
@@ -75,7 +98,7 @@ class MaskTemplate:
             if mod is None:
                 mod = self.factory(**spec)
                 mod.__cute_hash__ = self.hash_for(**spec)  # type: ignore[attr-defined]
-                mod.__fa4cache_mask__ = {"template": self.name, "spec": dict(spec)}  # type: ignore[attr-defined]
+                mod.__fa4cache_mask__ = {"template": self.name, "spec": self._normalise(spec)}  # type: ignore[attr-defined]
                 self._mods[text] = mod
         return mod
 
@@ -105,9 +128,11 @@ def mask_template(factory: Callable[..., Any] | None = None, *, name: str | None
 
 
 @mask_template(name="fa4cache.interval")
-def interval_mask(causal: bool) -> Callable[..., Any]:
+def interval_mask(causal: bool, row_intervals: bool = True) -> Callable[..., Any]:
     """Row ``m`` sees keys in ``[lo[m], hi[m])``; with ``causal`` the upper bound is ``m``
-    itself and only ``lo`` is read (one load instead of two)."""
+    itself and only ``lo`` is read (one load instead of two). ``row_intervals`` also
+    declares the interval to FA4's Hopper masking (one R2P mask per row instead of one
+    mask_mod call per score)."""
     import cutlass
     import cutlass.cute as cute
     from flash_attn.cute import utils
@@ -120,21 +145,33 @@ def interval_mask(causal: bool) -> Callable[..., Any]:
             first = utils.scalar_to_ssa(lo[batch[0], m_idx[0]], cutlass.Int32)
             return (n_idx >= first) & (n_idx <= m_idx)
 
-        return causal_mod
+        @cute.jit
+        def causal_rows(batch_idx, head_idx, q_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+            return ((aux_tensors[0][batch_idx, q_idx], q_idx + 1),)
 
-    @cute.jit
-    def interval_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
-        lo = aux_tensors[0]
-        hi = aux_tensors[1]
-        first = utils.scalar_to_ssa(lo[batch[0], m_idx[0]], cutlass.Int32)
-        end = utils.scalar_to_ssa(hi[batch[0], m_idx[0]], cutlass.Int32)
-        return (n_idx >= first) & (n_idx < end)
+        mod, rows = causal_mod, causal_rows
+    else:
 
-    return interval_mod
+        @cute.jit
+        def interval_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+            lo = aux_tensors[0]
+            hi = aux_tensors[1]
+            first = utils.scalar_to_ssa(lo[batch[0], m_idx[0]], cutlass.Int32)
+            end = utils.scalar_to_ssa(hi[batch[0], m_idx[0]], cutlass.Int32)
+            return (n_idx >= first) & (n_idx < end)
+
+        @cute.jit
+        def interval_rows(batch_idx, head_idx, q_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+            return ((aux_tensors[0][batch_idx, q_idx], aux_tensors[1][batch_idx, q_idx]),)
+
+        mod, rows = interval_mod, interval_rows
+    if row_intervals and enable_interval_masking():
+        setattr(mod, ROW_INTERVALS_ATTR, rows)
+    return mod
 
 
 @mask_template(name="fa4cache.draft_block")
-def draft_block_mask(block_size: int) -> Callable[..., Any]:
+def draft_block_mask(block_size: int, row_intervals: bool = True) -> Callable[..., Any]:
     """Row ``m`` sees keys ``< ctx_end[m]`` and its own draft block ``[blk[m], blk[m] + block_size)``."""
     import cutlass
     import cutlass.cute as cute
@@ -148,6 +185,13 @@ def draft_block_mask(block_size: int) -> Callable[..., Any]:
         s = utils.scalar_to_ssa(blk[batch[0], m_idx[0]], cutlass.Int32)
         return (n_idx < c) | ((n_idx >= s) & (n_idx < s + block_size))
 
+    @cute.jit
+    def draft_rows(batch_idx, head_idx, q_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+        s = aux_tensors[1][batch_idx, q_idx]
+        return ((0, aux_tensors[0][batch_idx, q_idx]), (s, s + block_size))
+
+    if row_intervals and enable_interval_masking():
+        setattr(draft_mod, ROW_INTERVALS_ATTR, draft_rows)
     return draft_mod
 
 
@@ -288,9 +332,11 @@ def make_document_mask(
       ``[D]`` with ``cu_seqlens``, ``[B, max_documents]`` with ``document_ids``.
 
     ``block_size`` is FA4's sparse tile (query, key); ``bwd_block_size`` optionally a
-    finer one for the backward (on sm90 FA4's backward tiles queries by 64; two H200
-    runs disagreed on whether 64x128 helps, so it is not the default). ``seqlen`` (the total length) saves a device sync when
-    given with ``cu_seqlens``.
+    finer one for the backward (default: ``block_size``). On sm90 with head_dim 65-128
+    FA4's backward tiles queries by 64, so ``(64, 128)`` is valid there; it is not the
+    default because it is invalid for head_dim <= 64 (query tiles of 128) and on other
+    archs, and three H200 runs put it between 1% slower and 5% faster. ``seqlen`` (the
+    total length) saves a device sync when given with ``cu_seqlens``.
     ``validate=False`` skips the checks that read values back from the device, for
     CUDA-graph capture. Returns an :class:`AttentionMask`.
     """
@@ -370,7 +416,7 @@ def make_document_mask(
 
     lo32 = lo.to(torch.int32).expand(batch, total)
     hi32 = hi.to(torch.int32).expand(batch, total)
-    mod = interval_mask(causal=variant_causal)
+    mod = interval_mask(causal=variant_causal, row_intervals=interval_masking_enabled())
     if variant_causal:
         aux = [_pad_rows(lo32, BIG)]
     else:
@@ -381,7 +427,11 @@ def make_document_mask(
         from .blocksparse import block_sparse_tensors
 
         fwd, bwd = block_sparse_tensors(
-            *intervals, seqlen_q=total, seqlen_k=total, block_size=block_size, bwd_block_size=bwd_block_size
+            *intervals,
+            seqlen_q=total,
+            seqlen_k=total,
+            block_size=block_size,
+            bwd_block_size=bwd_block_size,
         )
     name = (
         "document"
@@ -442,7 +492,14 @@ def make_draft_block_mask(
 
         fwd, bwd = block_sparse_tensors(*intervals, seqlen_q=T, seqlen_k=T, block_size=sparse_block_size)
     return AttentionMask(
-        draft_block_mask(block_size=block_size), aux, fwd, bwd, T, B, "draft_block", intervals
+        draft_block_mask(block_size=block_size, row_intervals=interval_masking_enabled()),
+        aux,
+        fwd,
+        bwd,
+        T,
+        B,
+        "draft_block",
+        intervals,
     )
 
 

@@ -102,6 +102,96 @@ def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> Non
         assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "block_sparse"),
+    # d=64: the backward's transposed (swap_AB) layout with 128x128 tiles; d=192 without
+    # block sparsity: every tile masked, and a backward whose scores are not transposed
+    # (R2P in the backward).
+    [(64, True), (192, False)],
+)
+@pytest.mark.parametrize("causal", [True, False])
+def test_other_head_dims_match_reference(head_dim: int, block_sparse: bool, causal: bool) -> None:
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    fa4cache.install()
+    rng = random.Random(head_dim + causal)
+    torch.manual_seed(head_dim)
+    T = rng.randint(700, 2000)
+    cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
+    mask = make_document_mask(cu, causal=causal, window=rng.choice([None, 90]), block_sparse=block_sparse)
+    q, k, v = (
+        torch.randn(1, T, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    dout = torch.randn_like(q)
+    out = flash_attn_func(q, k, v, **mask)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dout)
+    dense = mask.dense()
+    ref = _reference(q, k, v, dense, dout)
+    base = _bf16_reference(q, k, v, dense, dout)
+    for name, g, r, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref, base):
+        assert torch.isfinite(g).all(), name
+        err, berr = _rel(g, r), _rel(b, r)
+        assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_interval_masking_matches_element_wise_mask_mod(
+    case: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The two ways of masking partial tiles (R2P row intervals, FA4's per-score mask_mod)
+    # must keep exactly the same scores: outputs and gradients agree to rounding.
+    import torch
+    from fa4cache.adapters import fa4_interval_masking
+    from flash_attn.cute import flash_attn_func
+
+    import fa4cache
+    from fa4cache.masks import ENV_INTERVAL_MASKING, make_document_mask, make_draft_block_mask
+
+    fa4cache.install()
+    rng = random.Random(11 + len(str(case)))
+    torch.manual_seed(3)
+    dev = "cuda"
+
+    def build() -> Any:
+        if "draft" in case:
+            anchors = torch.tensor([[rng.randrange(700) for _ in range(6)] for _ in range(2)], device=dev)
+            return make_draft_block_mask(anchors, context_len=700, block_size=case["draft"])
+        cu = torch.tensor(_layout(rng, 2500), device=dev, dtype=torch.int32)
+        kw: dict[str, Any] = {"causal": case["causal"], "window": case.get("window")}
+        if case.get("prefix"):
+            kw["prefix_lengths"] = torch.randint(0, 300, (cu.numel() - 1,), device=dev)
+        return make_document_mask(cu, **kw)
+
+    fast = build()
+    state = rng.getstate()
+    monkeypatch.setenv(ENV_INTERVAL_MASKING, "0")
+    rng.setstate(state)
+    slow_mod = build().mask_mod
+    slow = dict(fast)
+    slow["mask_mod"] = slow_mod
+    assert getattr(slow_mod, fa4_interval_masking.ROW_INTERVALS_ATTR, None) is None
+    B, T = fast.batch, fast.seqlen
+    q, k, v = (torch.randn(B, T, 4, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    dout = torch.randn(B, T, 4, 128, device=dev, dtype=torch.bfloat16)
+    results = []
+    traces = fa4_interval_masking.trace_count
+    for kw in (dict(fast), slow):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(qq, kk, vv, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(dout)
+        results.append((out, qq.grad, kk.grad, vv.grad))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        assert _rel(a, b) < 1e-3, name
+    assert fa4_interval_masking.trace_count >= traces  # counted only when a kernel is traced
+
+
 def test_geometry_changes_do_not_recompile() -> None:
     import torch
     from flash_attn.cute import flash_attn_func

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fa4cache.blocksparse import classify_tiles  # noqa: E402
+from fa4cache.errors import ConfigError  # noqa: E402
 from fa4cache.masks import make_document_mask, make_draft_block_mask  # noqa: E402
 
 from .conftest import ROOT, run_worker  # noqa: E402
@@ -245,3 +246,25 @@ def test_hashes_stable_across_processes_and_seeds(tmp_path: Any) -> None:
     m2 = make_document_mask(torch.tensor([0, 40, 41, 90, 100]), window=7)
     assert m1.mask_mod is m2.mask_mod
     assert str(ROOT)  # the worker ran from the repository
+
+
+def test_interval_masking_is_part_of_the_specialisation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fa4cache.adapters.fa4_interval_masking import ROW_INTERVALS_ATTR
+
+    from fa4cache.masks import ENV_INTERVAL_MASKING, draft_block_mask, interval_mask
+
+    # Defaults are part of the specialisation: spelling them out changes nothing.
+    assert interval_mask(causal=True) is interval_mask(causal=True, row_intervals=True)
+    fast = make_document_mask(torch.tensor([0, 100, 300]))
+    assert getattr(fast.mask_mod, ROW_INTERVALS_ATTR, None) is not None
+    monkeypatch.setenv(ENV_INTERVAL_MASKING, "0")
+    slow = make_document_mask(torch.tensor([0, 100, 300]))
+    assert getattr(slow.mask_mod, ROW_INTERVALS_ATTR, None) is None
+    # Different generated code, different hash: the two never share a cache entry.
+    assert slow.mask_mod.__cute_hash__ != fast.mask_mod.__cute_hash__
+    assert (
+        draft_block_mask(block_size=8, row_intervals=False).__cute_hash__
+        != draft_block_mask(block_size=8).__cute_hash__
+    )
+    with pytest.raises(ConfigError, match="unexpected keyword"):
+        interval_mask(causal=True, rows=True)

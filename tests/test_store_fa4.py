@@ -28,6 +28,9 @@ def test_twenty_geometries_compile_one_kernel_set(doc_store: dict[str, Any]) -> 
     r = doc_store["result"]
     assert r["compiles"] == KERNELS_PER_DOC_SET, r
     assert r["misses"] == KERNELS_PER_DOC_SET
+    # The forward (first and later blocks) and the backward were traced through the
+    # interval masking path, not FA4's element-wise mask_mod path.
+    assert r["interval_traces"] >= 2, r
     # 19 later layouts found every kernel in memory: 4 lookups each.
     assert r["memory_hits"] >= 19 * KERNELS_PER_DOC_SET
     objs = _objects(doc_store["dir"])
@@ -46,6 +49,19 @@ def test_second_process_other_hash_seed_compiles_nothing(doc_store_copy: Path) -
     assert r["compiles"] == 0, r
     assert r["disk_hits"] == KERNELS_PER_DOC_SET
     assert r["corrupt"] == 0
+
+
+def test_element_wise_masking_is_a_separate_kernel(doc_store_copy: Path) -> None:
+    # FA4CACHE_INTERVAL_MASKING=0 emits other code, so it must not be served the
+    # interval kernels from the store: new forward and backward, same pre/post kernels.
+    before = {p.name for p in _objects(doc_store_copy)}
+    r = run_worker(
+        doc_store_copy, "geometries", "--geometries", "2", "--seed", "3", FA4CACHE_INTERVAL_MASKING="0"
+    )
+    assert r["interval_traces"] == 0, r
+    assert r["compiles"] == 2, r
+    new = {p.parent.name for p in _objects(doc_store_copy) if p.name not in before}
+    assert new == {"fwd", "bwd"}
 
 
 def test_four_cold_processes_compile_each_kernel_once(tmp_path: Path) -> None:

@@ -94,9 +94,12 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     store.counters.flush()
     c = store.counters.values
+    from fa4cache.adapters import fa4_interval_masking
+
     _result(
         pid=os.getpid(),
         seconds=seconds,
+        interval_traces=fa4_interval_masking.trace_count,
         compiles=int(c["compiles"]),
         misses=int(c["misses"]),
         disk_hits=int(c["disk_hits"]),
