@@ -25,6 +25,7 @@ this module's source, so patched and unpatched kernels never share a cache key.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 from typing import Any
@@ -32,6 +33,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ROW_INTERVALS_ATTR = "__fa4cache_row_intervals__"
+# FA4's Hopper apply_mask signature this patch forwards to (flash-attn-4 4.0.0b36).
+_EXPECTED_PARAMS = (
+    "self", "acc_S", "batch_idx", "head_idx", "m_block", "n_block", "thr_mma", "mask_seqlen",
+    "mask_causal", "mask_local", "mask_mod", "aux_data", "fastdiv_mods",
+)  # fmt: skip
 _PATCHED_MARK = "__fa4cache_interval_patch__"
 _lock = threading.Lock()
 # How many times a kernel trace took the interval path: tests read it to prove that a
@@ -51,11 +57,18 @@ def enable() -> bool:
         if getattr(cls.apply_mask, _PATCHED_MARK, False):
             return True
         needed = ("sm90_col_to_r2p_idx", "r2p_bitmask_below", "r2p_bitmask_above", "mask_r2p_lambda")
-        if not all(hasattr(fa_mask, n) for n in needed):
+        if not all(hasattr(fa_mask, n) for n in needed) or _params(cls.apply_mask) != _EXPECTED_PARAMS:
             log.warning("fa4cache: FA4's mask module has an unknown layout; interval masks use mask_mod")
             return False
         cls.apply_mask = _build_apply_mask(fa_mask, cls.apply_mask)
     return True
+
+
+def _params(fn: Any) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(inspect.unwrap(fn)).parameters)
+    except (TypeError, ValueError):
+        return ()
 
 
 def _build_apply_mask(fa_mask: Any, original: Any) -> Any:

@@ -268,3 +268,20 @@ def test_interval_masking_is_part_of_the_specialisation(monkeypatch: pytest.Monk
     )
     with pytest.raises(ConfigError, match="unexpected keyword"):
         interval_mask(causal=True, rows=True)
+
+
+def test_mask_hash_covers_the_fa4_masking_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The interval masks' code depends on the patched apply_mask, so their hash must
+    # move when the patch's source does.
+    from fa4cache.adapters import fa4_interval_masking
+
+    from fa4cache.hashing import source_digest
+    from fa4cache.masks import interval_mask
+
+    before = source_digest(interval_mask.factory)
+
+    def _build_apply_mask(fa_mask: Any, original: Any) -> Any:  # another source text
+        return original
+
+    monkeypatch.setattr(fa4_interval_masking, "_build_apply_mask", _build_apply_mask)
+    assert source_digest(interval_mask.factory) != before
