@@ -32,6 +32,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wait-file", help="start compiling only once this file exists (to line processes up)")
     p.add_argument("--marker", help="touch this file right before the first FA4 call")
+    p.add_argument(
+        "--compile-delay",
+        type=float,
+        default=0.0,
+        help="sleep this long after each real cute.compile returns (a slow compile, still holding the lock)",
+    )
     a = p.parse_args()
 
     if a.action == "lazy":
@@ -62,6 +68,17 @@ def main() -> None:
         while not os.path.exists(a.wait_file):
             time.sleep(0.01)
     t0 = time.perf_counter()
+    if a.compile_delay:
+        import cutlass.cute as cute
+
+        real_compile = cute.compile
+
+        def slow_compile(*args: object, **kwargs: object) -> object:
+            fn = real_compile(*args, **kwargs)
+            time.sleep(a.compile_delay)
+            return fn
+
+        cute.compile = slow_compile
     if a.action == "compile":
         from fa4cache.warm import compile_spec
 

@@ -217,9 +217,12 @@ def test_disk_full_and_read_only_store(tmp_path: Path, record: Any) -> None:
 def test_lock_holder_killed_while_compiling(tmp_path: Path, record: Any) -> None:
     d = tmp_path / "cache"
     marker = tmp_path / "compiling"
+    # A compiles for real, then stays inside the compile (lock held) until it is killed,
+    # however fast the compile itself was.
     a = start_worker(
-        d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker)
-    )
+        d, "compile", "--mask", "document", "--seqlen", "512", "--no-backward", "--marker", str(marker),
+        "--compile-delay", "600",
+    )  # fmt: skip
     while not marker.exists():
         assert a.poll() is None
         time.sleep(0.02)
