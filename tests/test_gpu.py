@@ -40,6 +40,23 @@ def _bf16_reference(q: Any, k: Any, v: Any, dense: Any, dout: Any) -> tuple[Any,
     return o, qb.grad, kb.grad, vb.grad
 
 
+def _check_against_reference(mask: Any, q: Any, k: Any, v: Any, dout: Any) -> None:
+    """FA4 with ``mask``: output and gradients about as close to float32 as plain bf16 is."""
+    import torch
+    from flash_attn.cute import flash_attn_func
+
+    out = flash_attn_func(q, k, v, **mask)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dout)
+    dense = mask.dense()
+    ref = _reference(q, k, v, dense, dout)
+    base = _bf16_reference(q, k, v, dense, dout)
+    for name, g, r, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref, base):
+        assert torch.isfinite(g).all(), name
+        err, berr = _rel(g, r), _rel(b, r)
+        assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
+
+
 def _layout(rng: random.Random, T: int) -> list[int]:
     n = rng.randint(1, 8)
     cuts = sorted(rng.sample(range(1, T), n - 1)) if n > 1 else []
@@ -60,7 +77,6 @@ CASES = [
 @pytest.mark.parametrize("seed", range(3))
 def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> None:
     import torch
-    from flash_attn.cute import flash_attn_func
 
     import fa4cache
     from fa4cache.masks import make_document_mask, make_draft_block_mask
@@ -88,18 +104,7 @@ def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> Non
     )
     mask.check(q)
     dout = torch.randn(B, T, H, D, device=dev, dtype=torch.bfloat16)
-    out = flash_attn_func(q, k, v, **mask)
-    out = out[0] if isinstance(out, tuple) else out
-    out.backward(dout)
-    dense = mask.dense()
-    ref = _reference(q, k, v, dense, dout)
-    base = _bf16_reference(q, k, v, dense, dout)
-    got = (out, q.grad, k.grad, v.grad)
-    for name, g, r, b in zip(("out", "dq", "dk", "dv"), got, ref, base):
-        assert torch.isfinite(g).all(), name
-        err, berr = _rel(g, r), _rel(b, r)
-        # FA4 must be about as close to float32 as plain bf16 attention is.
-        assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
+    _check_against_reference(mask, q, k, v, dout)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +117,6 @@ def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> Non
 @pytest.mark.parametrize("causal", [True, False])
 def test_other_head_dims_match_reference(head_dim: int, block_sparse: bool, causal: bool) -> None:
     import torch
-    from flash_attn.cute import flash_attn_func
 
     import fa4cache
     from fa4cache.masks import make_document_mask
@@ -127,17 +131,7 @@ def test_other_head_dims_match_reference(head_dim: int, block_sparse: bool, caus
         torch.randn(1, T, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
-    dout = torch.randn_like(q)
-    out = flash_attn_func(q, k, v, **mask)
-    out = out[0] if isinstance(out, tuple) else out
-    out.backward(dout)
-    dense = mask.dense()
-    ref = _reference(q, k, v, dense, dout)
-    base = _bf16_reference(q, k, v, dense, dout)
-    for name, g, r, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref, base):
-        assert torch.isfinite(g).all(), name
-        err, berr = _rel(g, r), _rel(b, r)
-        assert err <= 2 * berr + 2e-3, f"{name}: rel err {err:.2e} vs bf16 baseline {berr:.2e}"
+    _check_against_reference(mask, q, k, v, torch.randn_like(q))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
