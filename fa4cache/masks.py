@@ -13,7 +13,10 @@ everything it calls plus the specialisation values, so FA4 compiles one kernel p
 specialisation, in every process, for every geometry.
 
 Every built-in mask is a union of per-row key intervals, which gives block-sparse
-metadata in closed form (:mod:`fa4cache.blocksparse`).
+metadata in closed form (:mod:`fa4cache.blocksparse`) and lets FA4's Hopper kernels mask
+partial tiles per row with R2P bit masks instead of one ``mask_mod`` call per score
+(:mod:`fa4cache.adapters.fa4_interval_masking`; ``FA4CACHE_INTERVAL_MASKING=0`` turns that
+off, as another specialisation with its own hash).
 """
 
 from __future__ import annotations
