@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .settings import ENV_TRITON
+
 BIG = 1 << 30
 
 
@@ -121,7 +123,7 @@ def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int,
     """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out)."""
     import os
 
-    if not lo.is_cuda or os.environ.get("FA4CACHE_TRITON", "1") == "0":
+    if not lo.is_cuda or os.environ.get(ENV_TRITON, "1") == "0":
         return False
     if not all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size))):
         return False

@@ -34,14 +34,14 @@ from fa4cache.adapters.fa4_interval_masking import enable as enable_interval_mas
 
 from .errors import ConfigError
 from .hashing import encode_key, source_digest
+from .settings import ENV_INTERVAL_MASKING
 
 # Aux tensors are padded to this many rows past the sequence end: kernels may
 # evaluate the mask for out-of-range rows of the last tile before discarding them.
 ROW_PAD = 256
 BIG = 1 << 30
-# "0" keeps FA4's element-wise mask_mod path for the built-in masks (see
-# fa4cache.adapters.fa4_interval_masking); part of the masks' specialisation.
-ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
+# ENV_INTERVAL_MASKING="0" keeps FA4's element-wise mask_mod path for the built-in masks
+# (see fa4cache.adapters.fa4_interval_masking); part of the masks' specialisation.
 
 
 def interval_masking_enabled() -> bool:

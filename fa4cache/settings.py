@@ -39,6 +39,11 @@ ENV_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
 ENV_INSECURE = "FA4CACHE_INSECURE"
 ENV_DISABLE = "FA4CACHE_DISABLE"
 ENV_NODE_ID = "FA4CACHE_NODE_ID"
+# Not store settings, but choices that change which kernels a job asks for; forwarded
+# from the driver to Ray workers so that every rank asks for the same ones.
+ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
+ENV_TRITON = "FA4CACHE_TRITON"
+MASK_ENV_VARS = (ENV_INTERVAL_MASKING, ENV_TRITON)
 
 ALL_ENV_VARS = (
     ENV_DIR,

@@ -57,6 +57,7 @@ def _probe() -> dict[str, Any]:
         "fa4_cache_off": os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"),
         "user_hook": os.environ.get("USER_HOOK_RAN"),
         "user_var": os.environ.get("MY_VAR"),
+        "interval_masking": os.environ.get("FA4CACHE_INTERVAL_MASKING"),
         "heavy": sorted(m for m in ("torch", "flash_attn") if m in sys.modules),
     }
 
@@ -91,9 +92,14 @@ def test_env_validates_settings() -> None:
     assert mine["env_vars"]["FA4CACHE_DIR"] == "/mine"
 
 
-def test_actors_get_settings_node_local_dirs_and_user_hook(cluster: Any, tmp_path: Path) -> None:
+def test_actors_get_settings_node_local_dirs_and_user_hook(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fa4cache
 
+    # A driver-side choice of mask code must reach the workers, or they would ask for
+    # (and compile) other kernels than the driver's prewarm did.
+    monkeypatch.setenv("FA4CACHE_INTERVAL_MASKING", "0")
     env = fa4cache.env(
         str(tmp_path / "cache-{node_id}"),
         runtime_env={
@@ -120,6 +126,7 @@ def test_actors_get_settings_node_local_dirs_and_user_hook(cluster: Any, tmp_pat
         assert o["env_dir"] == o["root"]
         assert o["fa4_cache_off"] == "0"
         assert o["user_hook"] == "1" and o["user_var"] == "kept"
+        assert o["interval_masking"] == "0"
         assert o["heavy"] == []  # the hook imported neither torch nor FA4
     assert out[0]["root"] != out[1]["root"]
     assert all(Path(o["root"]).is_dir() for o in out)
