@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU run, on the lent H200 machine (two GPUs for the Ray part).
 # Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART
-#   PART=tests   GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two)
+#   PART=tests   GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two;
+#                GPU_TESTS_K=expr selects GPU tests as pytest -k does)
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 set -uo pipefail
@@ -31,7 +32,7 @@ if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = all ]; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu "$repo/tests/test_gpu.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
 fi
 if [ "$part" = tests ] || [ "$part" = masks ] || [ "$part" = all ]; then
   timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"

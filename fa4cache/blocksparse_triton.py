@@ -39,6 +39,38 @@ def _block_bounds(
 
 
 @triton.jit
+def _classify(stats_ptr, b, i, col_lo, seqlen_k, M, inb, K: tl.constexpr, BK: tl.constexpr):
+    # Partial / full flags of tiles (query block i, key block starting at col_lo); one of
+    # i and col_lo is a vector of CHUNK blocks, the other is broadcast to it.
+    col_end = col_lo + BK
+    col_hi = tl.minimum(col_end, seqlen_k)
+    touched = tl.zeros_like(inb)
+    full = tl.zeros_like(inb)
+    for k in tl.static_range(K):
+        s = stats_ptr + ((b * K + k) * M + i) * 4
+        t_lo = tl.load(s + 0, mask=inb, other=BIG)
+        t_hi = tl.load(s + 1, mask=inb, other=-BIG)
+        f_lo = tl.load(s + 2, mask=inb, other=BIG)
+        f_hi = tl.load(s + 3, mask=inb, other=-BIG)
+        touched = touched | ((t_lo < col_hi) & (t_hi > col_lo))
+        full = full | ((f_lo <= col_lo) & (f_hi >= col_end) & (col_end <= seqlen_k))
+    full = full & touched & inb
+    partial = touched & (~full) & inb
+    return partial, full
+
+
+@triton.jit
+def _append(idx_p, idx_f, n_p, n_f, partial, full, values):
+    # Left-pack this chunk's partial and full block indices after the n_p / n_f already
+    # written; returns the new counts.
+    pp = partial.to(tl.int32)
+    pf = full.to(tl.int32)
+    tl.store(idx_p + n_p + tl.cumsum(pp, 0) - 1, values, mask=partial)
+    tl.store(idx_f + n_f + tl.cumsum(pf, 0) - 1, values, mask=full)
+    return n_p + tl.sum(pp, 0), n_f + tl.sum(pf, 0)
+
+
+@triton.jit
 def _fwd_lists(
     stats_ptr, seqlen_k, M, N, cnt_p, idx_p, cnt_f, idx_f,
     K: tl.constexpr, BK: tl.constexpr, CHUNK: tl.constexpr,
@@ -47,34 +79,14 @@ def _fwd_lists(
     b = tl.program_id(0)
     i = tl.program_id(1)
     row = b * M + i
+    rows = i + tl.zeros([CHUNK], dtype=tl.int32)
     n_p = 0
     n_f = 0
     for start in range(0, N, CHUNK):
         j = start + tl.arange(0, CHUNK)
         inb = j < N
-        col_lo = j * BK
-        col_end = col_lo + BK
-        col_hi = tl.minimum(col_end, seqlen_k)
-        touched = tl.zeros([CHUNK], dtype=tl.int1)
-        full = tl.zeros([CHUNK], dtype=tl.int1)
-        for k in tl.static_range(K):
-            s = stats_ptr + ((b * K + k) * M + i) * 4
-            t_lo = tl.load(s + 0)
-            t_hi = tl.load(s + 1)
-            f_lo = tl.load(s + 2)
-            f_hi = tl.load(s + 3)
-            touched = touched | ((t_lo < col_hi) & (t_hi > col_lo))
-            full = full | ((f_lo <= col_lo) & (f_hi >= col_end) & (col_end <= seqlen_k))
-        full = full & touched & inb
-        partial = touched & (~full) & inb
-        pp = partial.to(tl.int32)
-        pf = full.to(tl.int32)
-        pos_p = n_p + tl.cumsum(pp, 0) - 1
-        pos_f = n_f + tl.cumsum(pf, 0) - 1
-        tl.store(idx_p + row * N + pos_p, j, mask=partial)
-        tl.store(idx_f + row * N + pos_f, j, mask=full)
-        n_p += tl.sum(pp, 0)
-        n_f += tl.sum(pf, 0)
+        partial, full = _classify(stats_ptr, b, rows, j * BK, seqlen_k, M, inb, K, BK)
+        n_p, n_f = _append(idx_p + row * N, idx_f + row * N, n_p, n_f, partial, full, j)
     tl.store(cnt_p + row, n_p)
     tl.store(cnt_f + row, n_f)
 
@@ -88,34 +100,13 @@ def _bwd_lists(
     b = tl.program_id(0)
     j = tl.program_id(1)
     row = b * N + j
-    col_lo = j * BK
-    col_end = col_lo + BK
-    col_hi = tl.minimum(col_end, seqlen_k)
     n_p = 0
     n_f = 0
     for start in range(0, M, CHUNK):
         i = start + tl.arange(0, CHUNK)
         inb = i < M
-        touched = tl.zeros([CHUNK], dtype=tl.int1)
-        full = tl.zeros([CHUNK], dtype=tl.int1)
-        for k in tl.static_range(K):
-            s = stats_ptr + ((b * K + k) * M + i) * 4
-            t_lo = tl.load(s + 0, mask=inb, other=BIG)
-            t_hi = tl.load(s + 1, mask=inb, other=-BIG)
-            f_lo = tl.load(s + 2, mask=inb, other=BIG)
-            f_hi = tl.load(s + 3, mask=inb, other=-BIG)
-            touched = touched | ((t_lo < col_hi) & (t_hi > col_lo))
-            full = full | ((f_lo <= col_lo) & (f_hi >= col_end) & (col_end <= seqlen_k))
-        full = full & touched & inb
-        partial = touched & (~full) & inb
-        pp = partial.to(tl.int32)
-        pf = full.to(tl.int32)
-        pos_p = n_p + tl.cumsum(pp, 0) - 1
-        pos_f = n_f + tl.cumsum(pf, 0) - 1
-        tl.store(idx_p + row * M + pos_p, i, mask=partial)
-        tl.store(idx_f + row * M + pos_f, i, mask=full)
-        n_p += tl.sum(pp, 0)
-        n_f += tl.sum(pf, 0)
+        partial, full = _classify(stats_ptr, b, i, j * BK, seqlen_k, M, inb, K, BK)
+        n_p, n_f = _append(idx_p + row * M, idx_f + row * M, n_p, n_f, partial, full, i)
     tl.store(cnt_p + row, n_p)
     tl.store(cnt_f + row, n_f)
 

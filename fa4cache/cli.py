@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, Fa4CacheError
-from .settings import MASK_ENV_VARS, Settings, parse_duration, parse_size
+from .settings import Settings, parse_duration, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -377,10 +377,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     s = _settings(args)
-    env = s.to_env()
-    # fa4cache replaces FA4's own disk cache; running both would store every kernel twice.
-    env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
-    env.update({k: os.environ[k] for k in MASK_ENV_VARS if k in os.environ})
+    env = s.job_env()
     for k in sorted(env):
         if args.shell:
             import shlex

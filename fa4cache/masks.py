@@ -62,13 +62,15 @@ class MaskTemplate:
         self._mods: dict[str, Callable[..., Any]] = {}
         self._lock = threading.Lock()
         self._source: str | None = None
+        # Bound on every mask build (a per-step call): computed once here.
+        self._signature = inspect.signature(factory)
         functools.update_wrapper(self, factory)
 
     def _normalise(self, spec: dict[str, Any]) -> dict[str, Any]:
         # Defaults are filled in, so that f(causal=True) and f(causal=True, x=<default>)
         # are the same specialisation (same object, same hash).
         try:
-            bound = inspect.signature(self.factory).bind(**spec)
+            bound = self._signature.bind(**spec)
         except TypeError as e:
             raise ConfigError(f"mask template {self.name}: {e}") from None
         bound.apply_defaults()

@@ -203,6 +203,15 @@ class Settings:
             s = replace(s, **overrides)  # type: ignore[arg-type]
         return s
 
+    def job_env(self) -> dict[str, str]:
+        """:meth:`to_env` plus what every process of a job must share: FA4's own disk
+        cache off (it would store every kernel a second time) and the driver's mask-code
+        choices (:data:`MASK_ENV_VARS`), which change the kernels a rank asks for."""
+        env = self.to_env()
+        env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
+        env.update({k: os.environ[k] for k in MASK_ENV_VARS if k in os.environ})
+        return env
+
     def to_env(self) -> dict[str, str]:
         """Environment variables that reproduce these settings in another process."""
         env = {ENV_DIR: str(self.cache_dir), ENV_LOCK_TIMEOUT: repr(self.lock_timeout)}

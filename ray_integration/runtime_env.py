@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import ENV_DIR, MASK_ENV_VARS, Settings, check_placeholders
+from fa4cache.settings import ENV_DIR, Settings, check_placeholders
 
 HOOK = "fa4cache.ray_integration.hook.setup"
 ENV_NODE_LOCAL = "FA4CACHE_NODE_LOCAL"
@@ -73,14 +73,11 @@ def env(
         _check_dir(raw, "cache_dir" if cache_dir is not None else ENV_DIR)
     # Validate the remaining options now (fails at env() time, not in a worker).
     defaults = Settings.from_env("/" if raw is None else "/validate", **store_options)
-    ours = {k: v for k, v in defaults.to_env().items() if k != ENV_DIR}
+    ours = {k: v for k, v in defaults.job_env().items() if k != ENV_DIR}
     if raw is not None:
         ours[ENV_DIR] = raw
     if node_local:
         ours[ENV_NODE_LOCAL] = "1"
-    # FA4's own disk cache would store every kernel a second time.
-    ours["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
-    ours.update({k: os.environ[k] for k in MASK_ENV_VARS if k in os.environ})
 
     merged: dict[str, Any] = dict(runtime_env or {})
     user_env = dict(merged.get("env_vars") or {})

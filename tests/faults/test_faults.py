@@ -151,6 +151,11 @@ def test_corruption_is_detected_and_quarantined(
     record(f"{name}", "edited on disk", "detected on load, counted corrupt, moved to quarantine/")
 
 
+def _one_geometry(cache_dir: Path, **env: str) -> dict[str, Any]:
+    """One document layout, forward+backward, in a fresh process."""
+    return run_worker(cache_dir, "geometries", "--geometries", "1", "--seed", "3", **env)
+
+
 def _flip(p: Path) -> None:
     b = bytearray(p.read_bytes())
     b[len(b) // 2] ^= 0x10
@@ -363,30 +368,12 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
         os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     local = tmp_path / "local"
     # Not trusted: another user's store is refused.
-    r = run_worker(
-        local,
-        "geometries",
-        "--geometries",
-        "1",
-        "--seed",
-        "3",
-        FA4CACHE_BASE_DIRS=str(base),
-        FA4CACHE_INSECURE="warn",
-    )
+    r = _one_geometry(local, FA4CACHE_BASE_DIRS=str(base), FA4CACHE_INSECURE="warn")
     assert r["disk_hits"] == 0 and r["compiles"] == 4
     # Trusted explicitly: kernels come from the base; nothing is written there.
     local2 = tmp_path / "local2"
     before = sorted(str(p) for p in base.rglob("*"))
-    r2 = run_worker(
-        local2,
-        "geometries",
-        "--geometries",
-        "1",
-        "--seed",
-        "3",
-        FA4CACHE_BASE_DIRS=str(base),
-        FA4CACHE_TRUST_SHARED="1",
-    )
+    r2 = _one_geometry(local2, FA4CACHE_BASE_DIRS=str(base), FA4CACHE_TRUST_SHARED="1")
     assert r2["compiles"] == 0 and r2["disk_hits"] == 4
     assert sorted(str(p) for p in base.rglob("*")) == before
     record(
