@@ -5,6 +5,7 @@
 #                GPU_TESTS_K=expr selects GPU tests as pytest -k does)
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
+#   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 part=${1:-all}
@@ -28,6 +29,13 @@ fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
+if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = fuzz ] || [ "$part" = all ]; then
+  # The mask fuzz test: 8 shards in 8 processes (the kernels compile once, single-flight, in the store).
+  start=$(date +%s)
+  (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
+     -o addopts="" -m gpu -n 8 "$repo/tests/test_gpu_fuzz.py" 2>&1 | tee "$res/gpu_fuzz.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" | head -80 | tee -a "$out/run.log")
+  echo "fuzz wall time: $(( $(date +%s) - start )) s" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
+fi
 if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = all ]; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.

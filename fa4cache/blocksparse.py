@@ -30,6 +30,46 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def check_intervals(lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int) -> tuple[Any, Any]:
+    """Validate and normalise interval bounds for the tile classifiers.
+
+    Returns ``(lo, hi)`` as int32 views of one broadcast shape ``[B, K, T]`` with
+    ``T >= seqlen_q``; they may be non-contiguous or have stride-0 dims (the kernels take
+    each tensor's own strides). Wider integers are clamped to ``[-BIG, BIG]`` first, which
+    keeps every interval's meaning (no position reaches ``BIG``). Raises ``ValueError``
+    naming the argument, so that no input layout can make a kernel read outside a tensor.
+    """
+    import torch
+
+    for name, v in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    for name, t in (("lo", lo), ("hi", hi)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name}: expected an integer dtype, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected [batch, intervals, rows], got shape {tuple(t.shape)}")
+    if lo.device != hi.device:
+        raise ValueError(f"lo is on {lo.device} but hi is on {hi.device}")
+    try:
+        lo, hi = torch.broadcast_tensors(lo, hi)
+    except RuntimeError:
+        raise ValueError(
+            f"lo, hi: shapes {tuple(lo.shape)} and {tuple(hi.shape)} do not broadcast to one [batch, intervals, rows]"
+        ) from None
+    if lo.shape[-1] < seqlen_q:
+        raise ValueError(f"lo, hi: {lo.shape[-1]} rows, fewer than seqlen_q={seqlen_q}")
+    if lo.numel() == 0:
+        raise ValueError(f"lo, hi: empty shape {tuple(lo.shape)}")
+    if lo.dtype != torch.int32:
+        lo = lo.clamp(-BIG, BIG).to(torch.int32)
+    if hi.dtype != torch.int32:
+        hi = hi.clamp(-BIG, BIG).to(torch.int32)
+    return lo, hi
+
+
 def classify_tiles(
     lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int
 ) -> tuple[Any, Any]:
@@ -39,22 +79,23 @@ def classify_tiles(
     """
     import torch
 
+    lo, hi = check_intervals(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     B, K, Tp = lo.shape
     M = _ceil_div(seqlen_q, block_q)
     N = _ceil_div(seqlen_k, block_k)
     rows = M * block_q
     dev = lo.device
-    lo = lo[..., :rows].to(torch.int32)
-    hi = hi[..., :rows].to(torch.int32)
+    lo = lo[..., :rows]
+    hi = hi[..., :rows]
     if lo.shape[-1] < rows:
         pad = rows - lo.shape[-1]
         lo = torch.nn.functional.pad(lo, (0, pad), value=0)
         hi = torch.nn.functional.pad(hi, (0, pad), value=0)
     valid = (torch.arange(rows, device=dev) < seqlen_q).view(1, 1, rows)
     nonempty = (hi > lo) & valid
-    lo_b = lo.view(B, K, M, block_q)
-    hi_b = hi.view(B, K, M, block_q)
-    ne_b = nonempty.view(B, K, M, block_q)
+    lo_b = lo.reshape(B, K, M, block_q)
+    hi_b = hi.reshape(B, K, M, block_q)
+    ne_b = nonempty.reshape(B, K, M, block_q)
     va_b = valid.view(1, 1, M, block_q)
     touch_lo = torch.where(ne_b, lo_b, BIG).amin(-1)
     touch_hi = torch.where(ne_b, hi_b, -BIG).amax(-1)

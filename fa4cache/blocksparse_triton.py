@@ -18,7 +18,7 @@ BIG = tl.constexpr(1 << 30)  # a global read inside kernels must be a constexpr
 
 @triton.jit
 def _block_bounds(
-    lo_ptr, hi_ptr, s_b, s_k, s_t, stats_ptr, seqlen_q, M,
+    lo_ptr, hi_ptr, lo_sb, lo_sk, lo_st, hi_sb, hi_sk, hi_st, stats_ptr, seqlen_q, M,
     K: tl.constexpr, BQ: tl.constexpr,
 ):  # fmt: skip
     # One program per (batch, query block): min/max of each interval's bounds over its rows.
@@ -27,9 +27,9 @@ def _block_bounds(
     rows = i * BQ + tl.arange(0, BQ)
     valid = rows < seqlen_q
     for k in tl.static_range(K):
-        base = b * s_b + k * s_k
-        lo = tl.load(lo_ptr + base + rows * s_t, mask=valid, other=0)
-        hi = tl.load(hi_ptr + base + rows * s_t, mask=valid, other=0)
+        # Each tensor with its own strides: a broadcast (stride-0) batch dim is common.
+        lo = tl.load(lo_ptr + b * lo_sb + k * lo_sk + rows * lo_st, mask=valid, other=0)
+        hi = tl.load(hi_ptr + b * hi_sb + k * hi_sk + rows * hi_st, mask=valid, other=0)
         nonempty = (hi > lo) & valid
         out = stats_ptr + ((b * K + k) * M + i) * 4
         tl.store(out + 0, tl.min(tl.where(nonempty, lo, BIG), 0))
@@ -117,14 +117,15 @@ def lists(lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block
     past a row's count hold 0."""
     import torch
 
+    from .blocksparse import check_intervals
+
+    lo, hi = check_intervals(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     B, K, _ = lo.shape
     M = -(-seqlen_q // block_q)
     N = -(-seqlen_k // block_k)
     dev = lo.device
     stats = torch.empty(B, K, M, 4, dtype=torch.int32, device=dev)
-    _block_bounds[(B, M)](
-        lo, hi, lo.stride(0), lo.stride(1), lo.stride(2), stats, seqlen_q, M, K=K, BQ=block_q
-    )
+    _block_bounds[(B, M)](lo, hi, *lo.stride(), *hi.stride(), stats, seqlen_q, M, K=K, BQ=block_q)
     out = []
     for rows, cols, kern in ((M, N, _fwd_lists), (N, M, _bwd_lists)):
         cnt_p = torch.empty(B, rows, dtype=torch.int32, device=dev)
