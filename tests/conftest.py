@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+# One base seed per run, drawn here so that xdist workers (which inherit the environment)
+# share it; printed in the header so that any run can be replayed.
+os.environ.setdefault("FA4CACHE_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 30)))
+
+
+def pytest_report_header(config: Any) -> str:
+    return f"FA4CACHE_FUZZ_SEED={os.environ['FA4CACHE_FUZZ_SEED']} (set it to replay the random cases)"
 
 
 def have_gpu() -> bool:

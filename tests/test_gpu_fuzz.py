@@ -29,7 +29,7 @@ pytestmark = pytest.mark.gpu
 
 SHARDS = 8
 CASES_PER_SHARD = 26  # 208 cases a run
-BASE_SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+BASE_SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED") or random.SystemRandom().randrange(1 << 30))
 OPTIONS = ("causal", "bidirectional", "causal_window", "bidirectional_window", "prefix", "draft")
 
 
