@@ -25,11 +25,11 @@ from common import save, table
 
 def fill(root: Path, n: int) -> None:
     tc = "0123456789abcdef0123"
-    for kind in ("fwd", "bwd", "bwd_pre", "bwd_post"):
+    for kind in ("fwd", "bwd", "bwd_preprocess", "bwd_postprocess_convert"):
         (root / "v1" / tc / kind).mkdir(parents=True, mode=0o700, exist_ok=True)
     for sub in ("locks", "quarantine", "stats"):
         (root / sub).mkdir(mode=0o700, exist_ok=True)
-    kinds = ["fwd", "bwd", "bwd_pre", "bwd_post"]
+    kinds = ["fwd", "bwd", "bwd_preprocess", "bwd_postprocess_convert"]
     now = time.time()
     for i in range(n):
         kind = kinds[i % 4]

@@ -40,7 +40,9 @@ def main() -> None:
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
     import fa4cache
-    from fa4cache.masks import ENV_INTERVAL_MASKING, DocumentMaskBuilder, make_document_mask
+    from fa4cache.masks import DocumentMaskBuilder, make_document_mask
+
+    ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
 
     fa4cache.install()
     H, D = a.heads, a.head_dim
@@ -69,7 +71,7 @@ def main() -> None:
         flops_fwd = sum(4 * n * (n + 1) / 2 * D * H for n in lens)
 
         mask = make_document_mask(cu, seqlen=T)
-        mask64 = make_document_mask(cu, seqlen=T, bwd_block_size=(64, 128))
+        mask64 = make_document_mask(cu, seqlen=T, bwd_sparse_tile=(64, 128))
         win = make_document_mask(cu, seqlen=T, window=a.window)
         # FA4's own per-score mask_mod path for partial tiles (what the mask did before
         # fa4cache declared its row intervals to FA4).

@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ConfigError,
-    CorruptArtifact,
     Fa4CacheError,
     FA4NotAvailable,
     InsecurePath,
-    StoreLockTimeout,
     UnstableKeyError,
 )
 from .settings import Settings
@@ -34,12 +32,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
-    "CorruptArtifact",
     "FA4NotAvailable",
     "Fa4CacheError",
     "InsecurePath",
     "Settings",
-    "StoreLockTimeout",
     "UnstableKeyError",
     "Store",
     "install",

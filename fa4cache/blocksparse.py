@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .settings import ENV_TRITON
-
-BIG = 1 << 30
+from .attention_mask import BIG
+from .settings import setting
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -162,9 +161,7 @@ def _pow2(x: int) -> bool:
 
 def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int, int] | None) -> bool:
     """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out)."""
-    import os
-
-    if not lo.is_cuda or os.environ.get(ENV_TRITON, "1") == "0":
+    if not lo.is_cuda or not setting("FA4CACHE_TRITON"):
         return False
     if not all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size))):
         return False

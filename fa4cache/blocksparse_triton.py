@@ -13,7 +13,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
-BIG = tl.constexpr(1 << 30)  # a global read inside kernels must be a constexpr
+from .attention_mask import BIG as _BIG
+
+BIG = tl.constexpr(_BIG)  # a global read inside kernels must be a constexpr
 
 
 @triton.jit

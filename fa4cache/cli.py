@@ -52,11 +52,9 @@ def _store(args: argparse.Namespace) -> Any:
     return Store(s)
 
 
-def _current_toolchain() -> str | None:
-    from .fingerprint import env_arch, toolchain
-
-    # The arch is part of the id; without a GPU query we only know it from the environment.
-    return toolchain(env_arch() or 90).id
+def _safe(x: Any) -> str:
+    """Text from a store file, fit for a terminal (no escape sequences)."""
+    return "".join(c if c.isprintable() else "?" for c in str(x))
 
 
 # --------------------------------------------------------------------------- stats
@@ -73,9 +71,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         counters.zero(s.cache_dir / "stats")
         print(f"counters zeroed for {s.cache_dir}")
         return 0
+    counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
-        counters.compact(s.cache_dir / "stats")
-    st = collect(s.cache_dir, current_toolchain=_current_toolchain())
+        try:
+            counters.compact(s.cache_dir / "stats")
+        except OSError as e:  # full disk, read-only store: the numbers are still right
+            log.info("fa4cache stats: not compacting counters (%s)", e)
+    st = collect(s.cache_dir)
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return 0
@@ -120,13 +122,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if st["by_toolchain"]:
         print("\nBy toolchain:")
         for tc, v in st["by_toolchain"].items():
-            mark = "  (current)" if v["current"] else ""
+            mark = "  (most recently used)" if v["current"] else ""
             print(f"  {tc}  {v['entries']:>6} entries  {_human(v['bytes']):>10}{mark}")
     if len(st["by_host"]) > 1:
         print("\nBy host:")
         for h, v in st["by_host"].items():
             print(
-                f"  {h:<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)"
+                f"  {_safe(h):<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)"
             )
     return 0
 
@@ -135,24 +137,33 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from .secure_io import my_uid, read_checked
+    from .sidecar import MAX_SIDECAR_BYTES, Sidecar
+
     store = _store(args)
     rows = []
-    for e in store.iter_entries(kind=args.kind, sidecars=True):
-        side = e.sidecar or {}
-        summary = side.get("summary") or {}
+    for e in store.layout.iter_entries(kind=args.kind):
+        try:
+            raw = read_checked(
+                store.layout.sidecar_path(e.ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
+            )
+            side = Sidecar.parse(raw, e.ref)
+        except (OSError, ValueError, Fa4CacheError):
+            side = None
+        use = store.read_use(e.ref)
         rows.append(
             {
                 "toolchain": e.ref.toolchain,
                 "kind": e.ref.kind,
                 "digest": e.ref.digest,
                 "size": e.size,
-                "compile_seconds": side.get("compile_seconds"),
-                "created": side.get("created"),
-                "last_used": side.get("last_used"),
-                "hits": side.get("hits", 0),
-                "summary": summary,
-                "spec": side.get("spec"),
-                "valid_sidecar": e.sidecar is not None,
+                "compile_seconds": side.compile_seconds if side else None,
+                "created": side.created if side else None,
+                "last_used": use.last_used if use else None,
+                "hits": use.hits if use else 0,
+                "summary": side.summary if side else {},
+                "spec": side.spec if side else None,
+                "valid_sidecar": side is not None,
             }
         )
     rows.sort(key=lambda r: (r["kind"], -(r["last_used"] or 0)))
@@ -160,16 +171,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(
-        f"{'kind':<12}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
+        f"{'kind':<16}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
     )
     for r in rows:
         s = r["summary"]
-        spec = r["spec"] or {}
-        mask = spec.get("mask") or s.get("mask") or "-"
+        mask = (r["spec"] or {}).get("mask") or s.get("mask") or "-"
         cs = r["compile_seconds"]
         print(
-            f"{r['kind']:<12}{r['digest'][:12]:<14}{str(s.get('dtype', '-')):<10}{str(s.get('head_dim', '-')):>5}  "
-            f"{str(mask)[:13]:<14}{_human(r['size']):>10}{('-' if cs is None else f'{cs:.1f}s'):>9}  "
+            f"{r['kind'][:15]:<16}{r['digest'][:12]:<14}{_safe(s.get('dtype', '-'))[:9]:<10}{_safe(s.get('head_dim', '-'))[:5]:>5}  "
+            f"{_safe(mask)[:13]:<14}{_human(r['size']):>10}{('-' if cs is None else f'{cs:.1f}s'):>9}  "
             f"{_ago(r['last_used']):<12}{r['hits']:>6}"
         )
     print(f"{len(rows)} entries")
@@ -177,47 +187,62 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .maintenance import verify
+
     store = _store(args)
-    rep = store.verify(repair=args.repair)
+    rep = verify(store, repair=args.repair)
     if args.json:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(rep.as_dict(), indent=2))
     else:
         print(
-            f"checked {rep['checked']} entries: {rep['ok']} ok, {len(rep['bad'])} bad, "
-            f"{len(rep['orphans'])} incomplete (interrupted publishes, never loaded)"
+            f"checked {rep.checked} entries: {rep.ok} ok, {len(rep.bad)} bad, "
+            f"{len(rep.orphans)} incomplete (interrupted publishes, never loaded)"
         )
-        for b in rep["bad"] + rep["orphans"]:
-            print(f"  {b['kind']:<10} {b['digest'][:16]}  {b['problem']}")
-        if args.repair and rep["repaired"]:
-            print(f"quarantined/removed {rep['repaired']}")
-    if rep["clean"]:
-        return 0
-    return 0 if args.repair else 1
+        for b in rep.bad + rep.orphans:
+            print(f"  {b['kind']:<16} {b['digest'][:16]}  {_safe(b['problem'])}")
+        if args.repair:
+            print(f"quarantined/removed {rep.repaired}")
+            for f in rep.repair_failed:
+                print(f"  not repaired: {_safe(f)}")
+    if args.repair:
+        return 1 if rep.repair_failed else 0
+    return 0 if rep.clean else 1
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    from .maintenance import DAY, prune
+
     store = _store(args)
     max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
     older = parse_duration(args.older_than, setting="--older-than") if args.older_than else None
     if args.fingerprint not in (None, "stale"):
         raise ConfigError(f"--fingerprint: only 'stale' is supported, got {args.fingerprint!r}")
-    if max_size is None and older is None and args.fingerprint is None:
+    stale_after = None
+    if args.fingerprint == "stale":
+        stale_after = parse_duration(args.stale_after, setting="--stale-after") if args.stale_after else DAY
+    if max_size is None and older is None and stale_after is None:
         raise ConfigError("prune: give --max-size, --older-than and/or --fingerprint stale")
-    rep = store.prune(
-        max_size=max_size,
-        older_than=older,
-        stale_toolchains=args.fingerprint == "stale",
-        current_toolchain=_current_toolchain(),
-    )
+    rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after)
     store.counters.flush()
+    remaining = list(store.layout.iter_entries())
     print(
-        f"removed {rep['removed']} entries ({_human(rep['freed_bytes'])}); "
-        f"{rep['remaining']} remain ({_human(rep['remaining_bytes'])})"
+        f"removed {len(rep.removed)} entries ({_human(rep.freed_bytes)}); "
+        f"{len(remaining)} remain ({_human(sum(e.size for e in remaining))})"
     )
-    return 0
+    return _report_unremoved(rep)
+
+
+def _report_unremoved(rep: Any) -> int:
+    if rep.skipped:
+        print(f"skipped {len(rep.skipped)} entries whose key another process holds (compiling or publishing)")
+    for ref, why in rep.failed:
+        print(f"  could not remove {ref.kind} {ref.digest[:16]}: {_safe(why)}")
+    return 1 if rep.skipped or rep.failed else 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
+    from .maintenance import clear
+
     store = _store(args)
     if not args.yes:
         if not sys.stdin.isatty():
@@ -226,9 +251,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
-    n = store.clear(everything=args.all)
-    print(f"removed {n} entries from {store.root}")
-    return 0
+    rep = clear(store, everything=args.all)
+    print(f"removed {len(rep.removed)} entries from {store.root}")
+    return _report_unremoved(rep)
 
 
 # --------------------------------------------------------------------------- warm
@@ -270,16 +295,24 @@ def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
 
 
 def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
+    from .secure_io import my_uid, read_checked
+    from .sidecar import MAX_SIDECAR_BYTES, Sidecar
     from .spec import KernelSpec
 
+    # Every recorded spec, whatever its toolchain: what is already compiled for the
+    # toolchain doing the warming shows as "present".
     store = _store(args)
-    current = _current_toolchain()
     seen: dict[str, Any] = {}
     unreplayable = 0
-    for e in store.iter_entries(sidecars=True):
-        if e.ref.toolchain == current:
-            continue
-        spec = (e.sidecar or {}).get("spec")
+    for e in store.layout.iter_entries():
+        try:
+            raw = read_checked(
+                store.layout.sidecar_path(e.ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
+            )
+            side = Sidecar.parse(raw, e.ref)
+        except (OSError, ValueError, Fa4CacheError):
+            side = None
+        spec = side.spec if side else None
         if not isinstance(spec, dict):
             unreplayable += 1
             continue
@@ -298,11 +331,11 @@ def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, 
     # FA4 and the DSL warn about their own deprecations on every import; not the user's concern here.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
+    from .adapters.warm import warm
     from .spec import KernelSpec
-    from .warm import warm
 
     r = warm([KernelSpec.from_dict(spec_dict)], cache_dir)[0]
-    return {"compiles": r.compiles, "disk_hits": r.disk_hits, "seconds": r.seconds, "error": r.error}
+    return {"compiles": r.compiles, "present": r.present, "seconds": r.seconds, "error": r.error}
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -322,7 +355,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         )
         return 0
     cache_dir = str(_settings(args).cache_dir)
-    from .warm import set_cross_compile_env
+    from .adapters.warm import set_cross_compile_env
 
     set_cross_compile_env(specs[0].arch)
     results: list[tuple[Any, dict[str, Any]]] = []
@@ -347,7 +380,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
                 try:
                     r = f.result()
                 except Exception as e:
-                    r = {"compiles": 0, "disk_hits": 0, "seconds": 0.0, "error": f"{type(e).__name__}: {e}"}
+                    r = {"compiles": 0, "present": 0, "seconds": 0.0, "error": f"{type(e).__name__}: {e}"}
                 results.append((s, r))
                 report(i, s, r)
     else:
@@ -362,13 +395,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
     for s, r in results:
         status = "ok" if r["error"] is None else f"FAILED: {r['error'][:80]}"
         failed += r["error"] is not None
-        print(f"{s.label():<44}{r['compiles']:>9}{r['disk_hits']:>9}{r['seconds']:>9.1f}  {status}")
+        print(f"{s.label():<44}{r['compiles']:>9}{r['present']:>9}{r['seconds']:>9.1f}  {status}")
     total = sum(r["compiles"] for _, r in results)
     print(
         f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s"
     )
     if unreplayable:
-        print(f"{unreplayable} entries of older toolchains carry no spec and were not replayed")
+        print(f"{unreplayable} entries carry no spec (compiled by training calls) and were not replayed")
     return 1 if failed else 0
 
 
@@ -425,7 +458,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
     s = _settings(args)
     line("ok", "cache directory", str(s.cache_dir))
-    line("info", "toolchain", toolchain().id)
+    from .layout import Layout
+
+    recent = Layout(s.cache_dir).most_recent_toolchain()
+    line(
+        "info",
+        "toolchain (store)",
+        f"{recent or 'none recorded yet'}: the most recently used, recorded by jobs",
+    )
+    line(
+        "info",
+        "toolchain (shell)",
+        f"{toolchain().id}: computed in this shell's environment, without FA4's patches",
+    )
+    from .settings import setting
+
+    masking = "on" if setting("FA4CACHE_INTERVAL_MASKING") else "off (FA4CACHE_INTERVAL_MASKING=0)"
+    line(
+        "info",
+        "interval masking",
+        f"{masking}; patches FA4's Hopper (sm_90) kernels only, other archs unchanged",
+    )
     root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
     mnt, fstype = mount_for(root)
     line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
@@ -489,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
     s.add_argument("--max-size")
     s.add_argument("--older-than")
-    s.add_argument("--fingerprint", help="'stale': entries of other toolchains")
+    s.add_argument(
+        "--fingerprint", help="'stale': entries of toolchains no process has used for --stale-after"
+    )
+    s.add_argument("--stale-after", help="with --fingerprint stale: unused for this long (default 1d)")
     s.set_defaults(func=cmd_prune)
 
     s = sub.add_parser("clear", help="remove every entry")
@@ -508,7 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seqlen", type=int, default=1024)
     s.add_argument("--arch", default="sm_90")
     s.add_argument("--manifest", help="JSON list of specs")
-    s.add_argument("--replay", action="store_true", help="recompile what older toolchains recorded")
+    s.add_argument(
+        "--replay",
+        action="store_true",
+        help="compile every spec recorded in the store (e.g. after an upgrade)",
+    )
     s.add_argument("-j", "--jobs", type=int, default=1)
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_warm)

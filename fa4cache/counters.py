@@ -14,16 +14,20 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
+import re
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .fsutil import atomic_write, ensure_private_dir, pid_alive
+from .errors import InsecurePath
+from .secure_io import atomic_write, makedirs_private, my_uid, pid_alive, problem, read_checked
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +45,14 @@ FIELDS = (
     "insecure",
     "publish_errors",
     "evictions",
+    "load_errors",
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"
 ZERO = "zero.json"
 _MAX_STATS_FILE = 1 << 20
+_MAX_COUNT = 1e15  # larger values are damage, not counts
+_KIND = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")
 
 
 class Counters:
@@ -124,16 +131,25 @@ class Counters:
 _pre_flush_hooks: list[Any] = []
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
 def _load(path: Path) -> dict[str, Any] | None:
+    """A counters file as a dict, or None if it is missing, not ours, not a regular
+    file, too large or not well-formed JSON (never blocks on a FIFO, never follows a link)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_STATS_FILE + 1)
-        if len(data) > _MAX_STATS_FILE:
-            return None
-        obj = json.loads(data)
-        return obj if isinstance(obj, dict) else None
-    except (OSError, ValueError):
+        data = read_checked(
+            path, max_bytes=_MAX_STATS_FILE, trusted=frozenset({my_uid()}), what="counters file"
+        )
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (OSError, ValueError, InsecurePath, RecursionError):
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
 
 
 def _iter_process_files(stats_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -149,17 +165,20 @@ def _iter_process_files(stats_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]
 
 
 def _num(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= _MAX_COUNT
+    return float(x) if ok else 0.0
 
 
 def _merge_into(total: dict[str, Any], obj: dict[str, Any]) -> None:
-    counters = obj.get("counters") if isinstance(obj.get("counters"), dict) else {}
+    for part in ("counters", "by_kind"):  # an archive written by damage may hold anything
+        if not isinstance(total.get(part), dict):
+            total[part] = {}
+    counters = _dict(obj.get("counters"))
     for f in FIELDS:
         total["counters"][f] = total["counters"].get(f, 0) + _num(counters.get(f))
-    kinds = obj.get("by_kind") if isinstance(obj.get("by_kind"), dict) else {}
-    for kind, vals in kinds.items():
-        if not isinstance(vals, dict):
-            continue
+    for kind, vals in _dict(obj.get("by_kind")).items():
+        if not isinstance(vals, dict) or not _KIND.fullmatch(str(kind)):
+            continue  # a kind name is shown on a terminal: nothing but the layout's names
         dst = total["by_kind"].setdefault(str(kind), dict.fromkeys(KIND_FIELDS, 0))
         for f in KIND_FIELDS:
             dst[f] = dst.get(f, 0) + _num(vals.get(f))
@@ -173,19 +192,18 @@ def aggregate(stats_dir: Path, *, apply_zero: bool = True) -> dict[str, Any]:
     """Totals over every process that used the store (archive + live files - zero point)."""
     total = _empty()
     archive = _load(stats_dir / ARCHIVE) or {}
-    merged = set(archive.get("merged") or [])
-    for host, obj in (archive.get("by_host") or {}).items():
+    merged = _names(archive.get("merged"))
+    for host, obj in _dict(archive.get("by_host")).items():
         if isinstance(obj, dict):
             _merge_into(total, obj)
-            _merge_into(total["by_host"].setdefault(host, _empty()), obj)
+            _merge_into(total["by_host"].setdefault(_host(host), _empty()), obj)
     processes = 0
     for name, obj in _iter_process_files(stats_dir):
         if name in merged:
             continue
         processes += 1
         _merge_into(total, obj)
-        host = str(obj.get("host", "?"))
-        _merge_into(total["by_host"].setdefault(host, _empty()), obj)
+        _merge_into(total["by_host"].setdefault(_host(obj.get("host")), _empty()), obj)
     total["processes"] = processes + int(_num(archive.get("processes")))
     if apply_zero:
         zero = _load(stats_dir / ZERO)
@@ -196,21 +214,46 @@ def aggregate(stats_dir: Path, *, apply_zero: bool = True) -> dict[str, Any]:
     return total
 
 
+def _names(x: Any) -> set[str]:
+    return {n for n in x if isinstance(n, str)} if isinstance(x, list) else set()
+
+
+def _host(x: Any) -> str:
+    # Shown on a terminal: printable characters only.
+    text = str(x) if isinstance(x, str) else "?"
+    return "".join(c if c.isprintable() else "?" for c in text)[:64] or "?"
+
+
 def _subtract(total: dict[str, Any], zero: dict[str, Any]) -> None:
     for f in FIELDS:
-        total["counters"][f] = max(0, total["counters"][f] - _num((zero.get("counters") or {}).get(f)))
-    for kind, vals in (zero.get("by_kind") or {}).items():
+        total["counters"][f] = max(0, total["counters"][f] - _num(_dict(zero.get("counters")).get(f)))
+    for kind, vals in _dict(zero.get("by_kind")).items():
         if kind in total["by_kind"] and isinstance(vals, dict):
             for f in KIND_FIELDS:
                 total["by_kind"][kind][f] = max(0, total["by_kind"][kind][f] - _num(vals.get(f)))
-    for host, obj in (zero.get("by_host") or {}).items():
+    for host, obj in _dict(zero.get("by_host")).items():
         if host in total["by_host"] and isinstance(obj, dict):
             _subtract(total["by_host"][host], {**obj, "by_host": {}})
 
 
+def check_stats_dir(stats_dir: Path) -> None:
+    """Raise :class:`InsecurePath` unless ``stats_dir`` is a real directory of ours:
+    compaction deletes and rewrites files there."""
+    try:
+        st = os.lstat(stats_dir)
+    except FileNotFoundError:
+        return
+    why = problem(st, stats_dir, trusted=frozenset({my_uid()}), what="stats directory")
+    if why is None and not stat.S_ISDIR(st.st_mode):
+        why = f"{stats_dir} is not a directory"
+    if why:
+        raise InsecurePath(why + "; not reading or writing counters there")
+
+
 def zero(stats_dir: Path) -> None:
     """Make the current totals the new zero point (``fa4cache stats --zero``)."""
-    ensure_private_dir(stats_dir)
+    check_stats_dir(stats_dir)
+    makedirs_private(stats_dir)
     snap = aggregate(stats_dir, apply_zero=False)
     atomic_write(stats_dir / ZERO, json.dumps(snap).encode())
 
@@ -223,6 +266,7 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
     """
     import filelock
 
+    check_stats_dir(stats_dir)
     host = socket.gethostname()
     try:
         lock = filelock.FileLock(str(stats_dir / ".compact.lock"), timeout=0)
@@ -231,7 +275,8 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
         return 0
     try:
         archive = _load(stats_dir / ARCHIVE) or {"by_host": {}, "merged": [], "processes": 0}
-        merged = set(archive.get("merged") or [])
+        merged = _names(archive.get("merged"))
+        archive["by_host"] = _dict(archive.get("by_host"))
         now = time.time()
         folded = []
         for name, obj in _iter_process_files(stats_dir):
@@ -243,8 +288,9 @@ def compact(stats_dir: Path, *, older_than: float = 3600.0) -> int:
             )
             if not dead_local and now - _num(obj.get("updated")) < older_than:
                 continue
-            h = str(obj.get("host", "?"))
-            dst = archive.setdefault("by_host", {}).setdefault(h, {"counters": {}, "by_kind": {}})
+            dst = archive["by_host"].setdefault(_host(obj.get("host")), {"counters": {}, "by_kind": {}})
+            if not isinstance(dst, dict):
+                dst = archive["by_host"][_host(obj.get("host"))] = {"counters": {}, "by_kind": {}}
             _merge_into(dst, obj)
             folded.append(name)
         if not folded:

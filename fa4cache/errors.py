@@ -20,23 +20,16 @@ class ConfigError(Fa4CacheError, ValueError):
 
 
 class UnstableKeyError(Fa4CacheError, TypeError):
-    """A compile-key element has no process-independent encoding.
+    """A compile-key element, or a value a mask's code reads, has no process-independent
+    encoding.
 
     Storing such a key would produce a different digest in every process: a cache that
     never hits, or worse, one that hits for the wrong kernel.
     """
 
 
-class StoreLockTimeout(Fa4CacheError, TimeoutError):
-    """Waiting for another process's lock on a store entry took longer than allowed."""
-
-
-class CorruptArtifact(Fa4CacheError):
-    """A stored artifact or its sidecar failed verification (checksum, size, format)."""
-
-
 class InsecurePath(Fa4CacheError, PermissionError):
-    """A cache path is a symlink, owned by another user, or writable by group/others."""
+    """A cache path is a symlink, owned by an untrusted user, or writable by others."""
 
 
 class FA4NotAvailable(Fa4CacheError, ImportError):

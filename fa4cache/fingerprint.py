@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import sys
 from dataclasses import dataclass
@@ -64,8 +65,10 @@ class Toolchain:
     versions: tuple[tuple[str, str], ...]
     fa4_source_digest: str
     python: str
+    machine: str
     arch: int | None
     knobs: tuple[tuple[str, str], ...]
+    patches: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, object]:
         return {
@@ -73,8 +76,10 @@ class Toolchain:
             "versions": dict(self.versions),
             "fa4_source_digest": self.fa4_source_digest,
             "python": self.python,
+            "machine": self.machine,
             "arch": self.arch,
             "knobs": dict(self.knobs),
+            "patches": dict(self.patches),
         }
 
 
@@ -168,21 +173,37 @@ def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str
     )
 
 
-def toolchain(arch: int | None = None) -> Toolchain:
-    """The current toolchain; ``arch`` defaults to the one named in the environment."""
+def toolchain(arch: int | None = None, patches: tuple[tuple[str, str], ...] = ()) -> Toolchain:
+    """The current toolchain. ``arch`` defaults to the one named in the environment;
+    ``patches`` are ``(name, source digest)`` of code-generation patches applied to FA4
+    in this process (a patched FA4 is another code generator)."""
     arch = arch if arch is not None else env_arch()
     versions = tuple((d, v) for d in DISTRIBUTIONS if (v := _version(d)) is not None)
     src = fa4_source_digest()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    # The host CPU architecture: an aarch64 host (GH200, GB200) cannot load x86-64 objects.
+    machine = platform.machine().lower() or "unknown"
     knobs = codegen_knobs()
+    patches = tuple(sorted(patches))
     payload = json.dumps(
-        {"v": versions, "src": src, "py": py, "arch": arch, "knobs": knobs}, sort_keys=True
+        {
+            "v": versions,
+            "src": src,
+            "py": py,
+            "machine": machine,
+            "arch": arch,
+            "knobs": knobs,
+            "patches": patches,
+        },
+        sort_keys=True,
     ).encode()
     return Toolchain(
         id=hashlib.sha256(payload).hexdigest()[:20],
         versions=versions,
         fa4_source_digest=src,
         python=py,
+        machine=machine,
         arch=arch,
         knobs=knobs,
+        patches=patches,
     )

@@ -15,6 +15,7 @@ Two jobs, both about making a hash mean the same thing in every process:
 
 from __future__ import annotations
 
+import dis
 import enum
 import hashlib
 import inspect
@@ -115,23 +116,46 @@ def _unwrap(fn: Any) -> Any:
     return fn
 
 
-def _code_names(code: types.CodeType) -> Iterable[str]:
-    yield from code.co_names
+def _global_names(code: types.CodeType) -> Iterable[str]:
+    """Names the code (nested code included) reads as globals: ``LOAD_GLOBAL`` /
+    ``LOAD_NAME`` only, so an attribute such as ``x.width`` never counts as ``width``."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+            yield ins.argval
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            yield from _code_names(const)
+            yield from _global_names(const)
+
+
+def _value_text(value: Any, where: str) -> str:
+    """Stable text for a global or closure value that is not user code to follow."""
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    if callable(value) and not isinstance(value, type):
+        mod, qn = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        if isinstance(mod, str) and isinstance(qn, str) and "<locals>" not in qn:
+            return f"callable:{mod}.{qn}"  # library code: covered by the toolchain fingerprint
+    try:
+        return encode_key(value)
+    except UnstableKeyError as e:
+        raise UnstableKeyError(
+            f"{where} has no stable encoding ({e}); a mask's code may read only constants "
+            "(numbers, strings, tuples, enums, types), functions and modules"
+        ) from None
 
 
 def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256) -> str:
-    """Digest of ``fn``'s source plus the source of every function it can reach.
+    """Digest of ``fn``'s source, every function it can reach, and every value they read.
 
-    Reached functions are the globals its code (nested code included) names and the
+    Reached functions are the globals its code (nested code included) loads and the
     functions held in its closure cells, followed transitively within user code
-    (modules outside ``site-packages``' compiler libraries are not walked: a change to
-    FA4 or CUTLASS itself is covered by the toolchain fingerprint). ``extra`` strings
-    (specialisation values) are mixed in.
+    (FA4, CUTLASS and torch themselves are covered by the toolchain fingerprint). The
+    *values* of the other globals it loads and of its closure cells are hashed too: a
+    mask that reads ``WINDOW = 256`` gets another hash when it becomes 512. A value
+    without a stable encoding raises :class:`~fa4cache.errors.UnstableKeyError`.
+    ``extra`` strings (specialisations, sources the code depends on) are mixed in.
     """
-    h = hashlib.sha256(b"fa4cache-source-v1\0")
+    h = hashlib.sha256(b"fa4cache-source-v2\0")
     seen: set[int] = set()
     todo: list[Any] = [fn]
     count = 0
@@ -146,20 +170,25 @@ def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256)
         h.update(f"{f.__module__}.{f.__qualname__}\0".encode())
         h.update(_function_source(f).encode())
         h.update(b"\0")
-        for name in sorted(set(_code_names(f.__code__))):
-            target = f.__globals__.get(name)
+        for name in sorted(set(_global_names(f.__code__))):
+            if name not in f.__globals__:
+                continue  # a builtin
+            target = _unwrap(f.__globals__[name])
             if isinstance(target, types.FunctionType) and _is_user_code(target):
                 todo.append(target)
-        for cell in f.__closure__ or ():
+            else:
+                text = _value_text(target, f"global {name!r} read by {f.__module__}.{f.__qualname__}")
+                h.update(f"\0global\0{name}\0{text}".encode())
+        for cell_name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             try:
-                value = cell.cell_contents
+                value = _unwrap(cell.cell_contents)
             except ValueError:  # empty cell
                 continue
-            value = _unwrap(value)
-            if isinstance(value, types.FunctionType):
+            if isinstance(value, types.FunctionType) and _is_user_code(value):
                 todo.append(value)
             else:
-                h.update(encode_key(value).encode())
+                text = _value_text(value, f"closure value {cell_name!r} of {f.__module__}.{f.__qualname__}")
+                h.update(f"\0cell\0{cell_name}\0{text}".encode())
     for e in extra:
         h.update(b"\0extra\0")
         h.update(e.encode())

@@ -1,98 +1,176 @@
-"""Settings: where the store lives and how it behaves, from arguments or the environment.
+"""Settings: one declaration per environment variable, and everything derived from it.
 
-All knobs are environment variables so that they cross process boundaries (torchrun
-ranks, Ray workers, subprocess compile pools) without code changes:
-
-=============================  =====================================================
-``FA4CACHE_DIR``               store directory (default ``$XDG_CACHE_HOME/fa4cache``,
-                               else ``~/.cache/fa4cache``); may hold ``{hostname}``,
-                               ``{user}``, ``{node_id}`` placeholders
-``FA4CACHE_BASE_DIRS``         read-only base stores tried after the local one
-                               (``os.pathsep``-separated), e.g. a pre-warmed image
-``FA4CACHE_LOCK_TIMEOUT``      seconds to wait for another process compiling the same
-                               kernel before compiling anyway (default 600)
-``FA4CACHE_MAX_SIZE``          size cap such as ``20G``; enforced opportunistically
-``FA4CACHE_TRUST_SHARED``      ``1``: load from directories/entries owned by other
-                               users (a shared, read-only team cache). Default ``0``
-``FA4CACHE_INSECURE``          ``refuse`` (default) or ``warn``: what to do with an
-                               entry that fails the ownership/permission checks
-``FA4CACHE_DISABLE``           ``1``: install() becomes a no-op (escape hatch)
-=============================  =====================================================
+Every knob is an environment variable so that it crosses process boundaries (torchrun
+ranks, Ray workers, compile pools) without code changes. :data:`SETTINGS` declares
+each one once (name, parser, default, documentation); :meth:`Settings.from_env`,
+:meth:`Settings.job_env`, ``fa4cache env`` and the README table all come from it. A
+bad value is a :class:`~fa4cache.errors.ConfigError` that names the variable.
 """
 
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import re
 import socket
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
-ENV_DIR = "FA4CACHE_DIR"
-ENV_BASE_DIRS = "FA4CACHE_BASE_DIRS"
-ENV_LOCK_TIMEOUT = "FA4CACHE_LOCK_TIMEOUT"
-ENV_MAX_SIZE = "FA4CACHE_MAX_SIZE"
-ENV_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
-ENV_INSECURE = "FA4CACHE_INSECURE"
-ENV_DISABLE = "FA4CACHE_DISABLE"
-ENV_NODE_ID = "FA4CACHE_NODE_ID"
-# Not store settings, but choices that change which kernels a job asks for; forwarded
-# from the driver to Ray workers so that every rank asks for the same ones.
-ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
-ENV_TRITON = "FA4CACHE_TRITON"
-MASK_ENV_VARS = (ENV_INTERVAL_MASKING, ENV_TRITON)
-
-ALL_ENV_VARS = (
-    ENV_DIR,
-    ENV_BASE_DIRS,
-    ENV_LOCK_TIMEOUT,
-    ENV_MAX_SIZE,
-    ENV_TRUST_SHARED,
-    ENV_INSECURE,
-    ENV_DISABLE,
-)
-
-DEFAULT_LOCK_TIMEOUT = 600.0
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 KNOWN_PLACEHOLDERS = ("hostname", "user", "node_id")
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str, *, setting: str = "size") -> int:
-    """Parse ``"2G"``, ``"500M"``, ``"1.5T"`` or a plain byte count into bytes."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ConfigError(f"{setting}: cannot parse size {text!r} (use e.g. 500M, 2G, 1T)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+MAX_SIZE_BYTES = 1 << 60  # far past any disk; larger numbers are typos, not caps
 
 
-def parse_duration(text: str, *, setting: str = "duration") -> float:
-    """Parse ``"30d"``, ``"12h"``, ``"15m"``, ``"45s"`` or plain seconds into seconds."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*", str(text))
-    if not m:
-        raise ConfigError(f"{setting}: cannot parse duration {text!r} (use e.g. 45s, 15m, 12h, 30d)")
-    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
-    return float(m.group(1)) * scale
+# --------------------------------------------------------------------------- parsers
 
 
-def _flag(name: str, value: str | None) -> bool:
-    if value is None or value == "":
-        return False
-    v = value.strip().lower()
+def parse_flag(text: str, *, setting: str) -> bool:
+    v = str(text).strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{name}: expected 0/1, got {value!r}")
+    raise ConfigError(f"{setting}: expected 1/0 (or true/false, yes/no, on/off), got {text!r}")
+
+
+def parse_seconds(text: str, *, setting: str) -> float:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ConfigError(f"{setting}: expected a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
+def parse_size(text: str, *, setting: str = "size") -> int:
+    """``"2G"``, ``"500M"``, ``"1.5T"`` or a plain byte count, in bytes."""
+    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"{setting}: cannot parse size {text!r} (use e.g. 500M, 2G, 1T)")
+    v = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not math.isfinite(v) or v > MAX_SIZE_BYTES:
+        raise ConfigError(f"{setting}: size {text!r} is larger than any store can be (max 1024P)")
+    return int(v)
+
+
+def parse_duration(text: str, *, setting: str = "duration") -> float:
+    """``"30d"``, ``"12h"``, ``"15m"``, ``"45s"`` or plain seconds, in seconds."""
+    m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([smhdw]?)\s*", str(text))
+    if not m:
+        raise ConfigError(f"{setting}: cannot parse duration {text!r} (use e.g. 45s, 15m, 12h, 30d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+
+
+def parse_choice(*choices: str) -> Callable[..., str]:
+    def parse(text: str, *, setting: str) -> str:
+        v = str(text).strip().lower()
+        if v not in choices:
+            raise ConfigError(f"{setting}: expected one of {', '.join(choices)}, got {text!r}")
+        return v
+
+    return parse
+
+
+def parse_uids(text: str, *, setting: str) -> tuple[int, ...]:
+    out = []
+    for part in str(text).replace(",", " ").split():
+        if not part.isdigit():
+            raise ConfigError(f"{setting}: expected numeric uids separated by commas, got {part!r}")
+        out.append(int(part))
+    return tuple(sorted(set(out)))
+
+
+def _parse_dir(text: str, *, setting: str) -> Path:
+    return resolve_path(text, setting=setting)
+
+
+def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
+    return tuple(resolve_path(p, setting=setting) for p in str(text).split(os.pathsep) if p)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: how to read it, its default, what it means.
+
+    ``field`` names the :class:`Settings` attribute it fills (None: read where it is
+    used, e.g. by the mask code); ``job`` marks the ones forwarded to every process of
+    a job (``fa4cache env``, the Ray hook), because they change which kernels a
+    process asks for or where it keeps them.
+    """
+
+    name: str
+    parse: Callable[..., Any]
+    default: Any
+    doc: str
+    field: str | None = None
+    job: bool = True
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name)
+        if raw is None or raw.strip() == "":
+            return self.default
+        return self.parse(raw, setting=self.name)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("FA4CACHE_DIR", _parse_dir, None, "store directory (default `$XDG_CACHE_HOME/fa4cache` or "
+            "`~/.cache/fa4cache`); `{hostname}`, `{user}`, `{node_id}` placeholders allowed", "cache_dir"),
+    Setting("FA4CACHE_BASE_DIRS", _parse_dirs, (), "read-only base stores tried after the local one "
+            "(`:`-separated), e.g. a pre-warmed cache in the image", "base_dirs"),
+    Setting("FA4CACHE_LOCK_TIMEOUT", parse_seconds, 600.0, "seconds to wait for another process compiling "
+            "the same kernel, then compile anyway with a warning", "lock_timeout"),
+    Setting("FA4CACHE_MAX_SIZE", parse_size, None, "size cap (`20G`), enforced on publish (least recently "
+            "used first)", "max_size"),
+    Setting("FA4CACHE_TRUSTED_UIDS", parse_uids, (), "uids besides yours and root whose base stores are "
+            "trusted (`1001,1002`): the owners of a team cache", "trusted_uids"),
+    Setting("FA4CACHE_INSECURE", parse_choice("refuse", "warn"), "refuse", "`refuse` (error) or `warn` "
+            "(warning, memory-only) for an unsafe store directory", "insecure_policy"),
+    Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
+    Setting("FA4CACHE_NODE_ID", str, None, "the `{node_id}` placeholder (default: the Ray node id, "
+            "else the hostname)", job=False),
+    Setting("FA4CACHE_NODE_LOCAL", parse_flag, False, "set by the Ray hook (`1`): the store is meant to "
+            "be node-local; a network filesystem there gets a warning", job=False),
+    Setting("FA4CACHE_CHAINED_SETUP_HOOK", str, None, "set by the Ray hook: your own "
+            "`worker_process_setup_hook` (`module.function`), run after fa4cache's", job=False),
+    Setting("FA4CACHE_INTERVAL_MASKING", parse_flag, True, "`0`: built-in masks use FA4's per-score "
+            "`mask_mod` path for partial tiles instead of per-row R2P masks (slower; for comparison)"),
+    Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata with PyTorch ops "
+            "instead of the fused Triton kernels"),
+)  # fmt: skip
+BY_NAME = {s.name: s for s in SETTINGS}
+ENV_DIR = BY_NAME["FA4CACHE_DIR"].name
+REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
+
+
+def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of one declared variable (its default when unset)."""
+    return BY_NAME[name].read(environ)
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    rows = ["| variable | meaning |", "|---|---|"]
+    rows += [f"| `{s.name}` | {s.doc} |" for s in SETTINGS]
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- paths
 
 
 def placeholder_values(node_id: str | None = None) -> dict[str, str]:
     """Values for ``{hostname}``, ``{user}``, ``{node_id}`` in this process."""
-    node = node_id or os.environ.get(ENV_NODE_ID) or _ray_node_id() or socket.gethostname()
+    node = node_id or setting("FA4CACHE_NODE_ID") or _ray_node_id() or socket.gethostname()
     return {"hostname": socket.gethostname(), "user": getpass.getuser(), "node_id": node}
 
 
@@ -139,10 +217,21 @@ def _safe_component(value: str) -> str:
     return cleaned if cleaned not in ("", ".", "..") else "_"
 
 
+# The Ray hook's default on each node: fast local disk, shared by the ranks of a node.
+NODE_LOCAL_DEFAULT = "/var/tmp/fa4cache-{user}"
+
+
+def node_local_default() -> Path:
+    return resolve_path(NODE_LOCAL_DEFAULT, setting="node-local default")
+
+
 def default_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "fa4cache"
+
+
+# --------------------------------------------------------------------------- settings
 
 
 @dataclass(frozen=True)
@@ -151,76 +240,73 @@ class Settings:
 
     cache_dir: Path
     base_dirs: tuple[Path, ...] = ()
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    lock_timeout: float = 600.0
     max_size: int | None = None
-    trust_shared: bool = False
+    trusted_uids: tuple[int, ...] = ()
     insecure_policy: str = "refuse"
     disabled: bool = False
-    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def from_env(cls, cache_dir: str | os.PathLike[str] | None = None, **overrides: object) -> Settings:
-        env = os.environ
-        raw_dir = cache_dir if cache_dir is not None else env.get(ENV_DIR)
-        setting = "cache_dir" if cache_dir is not None else ENV_DIR
-        path = resolve_path(raw_dir, setting=setting) if raw_dir else default_dir()
-        bases = tuple(
-            resolve_path(p, setting=ENV_BASE_DIRS) for p in env.get(ENV_BASE_DIRS, "").split(os.pathsep) if p
-        )
-        try:
-            timeout = float(env.get(ENV_LOCK_TIMEOUT, DEFAULT_LOCK_TIMEOUT))
-        except ValueError:
+    def from_env(
+        cls,
+        cache_dir: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Settings:
+        """Settings from the environment, then ``cache_dir`` and ``overrides`` (the
+        same names as the fields; strings are parsed like the variables)."""
+        env = os.environ if environ is None else environ
+        if env.get(REMOVED_TRUST_SHARED):
             raise ConfigError(
-                f"{ENV_LOCK_TIMEOUT}: expected seconds, got {env[ENV_LOCK_TIMEOUT]!r}"
-            ) from None
-        if timeout < 0:
-            raise ConfigError(f"{ENV_LOCK_TIMEOUT}: must be >= 0, got {timeout}")
-        max_size = parse_size(env[ENV_MAX_SIZE], setting=ENV_MAX_SIZE) if env.get(ENV_MAX_SIZE) else None
-        policy = env.get(ENV_INSECURE, "refuse").strip().lower()
-        if policy not in ("refuse", "warn"):
-            raise ConfigError(f"{ENV_INSECURE}: expected 'refuse' or 'warn', got {policy!r}")
-        s = cls(
-            cache_dir=path,
-            base_dirs=bases,
-            lock_timeout=timeout,
-            max_size=max_size,
-            trust_shared=_flag(ENV_TRUST_SHARED, env.get(ENV_TRUST_SHARED)),
-            insecure_policy=policy,
-            disabled=_flag(ENV_DISABLE, env.get(ENV_DISABLE)),
-        )
-        if overrides:
-            known = {f for f in cls.__dataclass_fields__}
-            unknown = set(overrides) - known
-            if unknown:
-                raise ConfigError(f"unknown store option(s): {', '.join(sorted(unknown))}")
-            if "base_dirs" in overrides:
-                overrides["base_dirs"] = tuple(
-                    resolve_path(p, setting="base_dirs")
-                    for p in overrides["base_dirs"]  # type: ignore[union-attr]
-                )
-            if isinstance(overrides.get("max_size"), str):
-                overrides["max_size"] = parse_size(overrides["max_size"], setting="max_size")  # type: ignore[arg-type]
-            s = replace(s, **overrides)  # type: ignore[arg-type]
-        return s
-
-    def job_env(self) -> dict[str, str]:
-        """:meth:`to_env` plus what every process of a job must share: FA4's own disk
-        cache off (it would store every kernel a second time) and the driver's mask-code
-        choices (:data:`MASK_ENV_VARS`), which change the kernels a rank asks for."""
-        env = self.to_env()
-        env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
-        env.update({k: os.environ[k] for k in MASK_ENV_VARS if k in os.environ})
-        return env
+                f"{REMOVED_TRUST_SHARED} was removed: it trusted every local user. Name the owners of a "
+                "shared base store instead: FA4CACHE_TRUSTED_UIDS=<uid>[,<uid>...] (root is always trusted)"
+            )
+        values = {s.field: s.read(env) for s in SETTINGS if s.field}
+        if values["cache_dir"] is None:
+            values["cache_dir"] = default_dir()
+        if cache_dir is not None:
+            values["cache_dir"] = resolve_path(cache_dir, setting="cache_dir")
+        by_field = {s.field: s for s in SETTINGS if s.field}
+        for name, value in overrides.items():
+            decl = by_field.get(name)
+            if decl is None:
+                raise ConfigError(f"unknown store option {name!r} (known: {', '.join(sorted(by_field))})")
+            if name == "base_dirs" and not isinstance(value, str):
+                value = tuple(resolve_path(p, setting="base_dirs") for p in value)
+            elif isinstance(value, str):
+                value = decl.parse(value, setting=name)
+            values[name] = value
+        return cls(**values)
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that reproduce these settings in another process."""
-        env = {ENV_DIR: str(self.cache_dir), ENV_LOCK_TIMEOUT: repr(self.lock_timeout)}
-        if self.base_dirs:
-            env[ENV_BASE_DIRS] = os.pathsep.join(map(str, self.base_dirs))
-        if self.max_size is not None:
-            env[ENV_MAX_SIZE] = str(self.max_size)
-        if self.trust_shared:
-            env[ENV_TRUST_SHARED] = "1"
-        if self.insecure_policy != "refuse":
-            env[ENV_INSECURE] = self.insecure_policy
+        env = {}
+        for s in SETTINGS:
+            if s.field is None:
+                continue
+            v = getattr(self, s.field)
+            if v == s.default and s.field != "cache_dir":
+                continue
+            if isinstance(v, bool):
+                text = "1" if v else "0"
+            elif isinstance(v, tuple):
+                text = (os.pathsep if s.field == "base_dirs" else ",").join(map(str, v))
+            elif isinstance(v, float):
+                text = repr(v)
+            else:
+                text = str(v)
+            env[s.name] = text
+        return env
+
+    def job_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """:meth:`to_env` plus what every process of a job must share: FA4's own disk
+        cache off (it would store every kernel a second time) and the driver's value of
+        every other job setting (they change which kernels a rank asks for)."""
+        src = os.environ if environ is None else environ
+        env = self.to_env()
+        env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
+        for s in SETTINGS:
+            if s.job and s.field is None and s.name in src:
+                s.read(src)  # a bad value fails here, in the driver, not on every worker
+                env[s.name] = src[s.name]
         return env

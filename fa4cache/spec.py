@@ -26,6 +26,15 @@ MASKS = (
     "draft_block",
 )
 HEAD_DIMS = (64, 96, 128, 192, 256)
+# Target arch -> (FLASH_ATTENTION_ARCH, CUTE_DSL_ARCH) for a cross-compile: the one list of
+# archs that warm, manifests and the Ray prewarm accept.
+ARCH_ENV = {
+    "sm_90": ("sm_90", "sm_90a"),
+    "sm_90a": ("sm_90", "sm_90a"),
+    "sm_100": ("sm_100", "sm_100a"),
+    "sm_100a": ("sm_100", "sm_100a"),
+}
+ARCHS = tuple(ARCH_ENV)
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,8 @@ class KernelSpec:
         hkv = self.heads_kv or self.heads
         if self.heads % hkv:
             raise ConfigError(f"heads: {self.heads} query heads is not a multiple of {hkv} kv heads")
-        if self.arch not in ("sm_90", "sm_90a", "sm_100", "sm_100a"):
-            raise ConfigError(f"arch: expected sm_90 or sm_100, got {self.arch!r}")
+        if self.arch not in ARCH_ENV:
+            raise ConfigError(f"arch: expected one of {', '.join(ARCHS)}, got {self.arch!r}")
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "spec") -> KernelSpec:

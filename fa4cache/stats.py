@@ -8,60 +8,48 @@ from pathlib import Path
 from typing import Any
 
 from . import counters as _counters
+from . import runtime
+from .layout import Layout
 from .settings import Settings
-from .store import LAYOUT, Store
 
 # Keys of the JSON schema (``fa4cache stats --json``); documented in the README.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
-def _entries(root: Path) -> dict[str, Any]:
+def _entries(layout: Layout) -> dict[str, Any]:
     by_kind: dict[str, dict[str, int]] = defaultdict(lambda: {"entries": 0, "bytes": 0})
     by_tc: dict[str, dict[str, int]] = defaultdict(lambda: {"entries": 0, "bytes": 0})
-    base = root / LAYOUT
-    try:
-        tcs = os.listdir(base)
-    except OSError:
-        tcs = []
-    for tc in tcs:
-        tdir = base / tc
-        try:
-            kinds = [e for e in os.scandir(tdir) if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            continue
-        for kd in kinds:
-            try:
-                it = os.scandir(kd.path)
-            except OSError:
-                continue
-            with it:
-                for e in it:
-                    if e.name.endswith(".o") and not e.name.startswith("."):
-                        try:
-                            size = e.stat(follow_symlinks=False).st_size
-                        except OSError:
-                            continue
-                        by_kind[kd.name]["entries"] += 1
-                        by_kind[kd.name]["bytes"] += size
-                        by_tc[tc]["entries"] += 1
-                        by_tc[tc]["bytes"] += size
+    for e in layout.iter_entries():
+        for d in (by_kind[e.ref.kind], by_tc[e.ref.toolchain]):
+            d["entries"] += 1
+            d["bytes"] += e.size
     return {"by_kind": dict(by_kind), "by_toolchain": dict(by_tc)}
 
 
-def _quarantined(root: Path) -> int:
+def _quarantined(layout: Layout) -> int:
+    if not layout.own_dir(layout.quarantine_dir):
+        return 0
     try:
-        return sum(1 for n in os.listdir(root / "quarantine") if n.endswith(".o"))
+        return sum(1 for n in os.listdir(layout.quarantine_dir) if n.endswith(".o"))
     except OSError:
         return 0
 
 
 def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | None = None) -> dict[str, Any]:
-    """Totals for a store directory without creating it or importing FA4."""
+    """Totals for a store directory without creating it or importing FA4.
+
+    ``current_toolchain`` defaults to the most recently used one recorded in the store:
+    no id is recomputed here, since this process's environment may not be the job's.
+    """
     settings = Settings.from_env(cache_dir)
     root = settings.cache_dir
+    layout = Layout(root)
+    _counters.check_stats_dir(layout.stats_dir)
     # A missing stats directory aggregates to zeros.
-    agg = _counters.aggregate(root / "stats")
-    ent = _entries(root)
+    agg = _counters.aggregate(layout.stats_dir)
+    ent = _entries(layout)
+    if current_toolchain is None:
+        current_toolchain = layout.most_recent_toolchain()
     c = agg["counters"]
     hits = c["memory_hits"] + c["disk_hits"]
     lookups = hits + c["misses"]
@@ -89,7 +77,8 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "compile_seconds_saved": round(saved, 3),
         "load_seconds": round(c["load_seconds"], 3),
         "corrupt": int(c["corrupt"]),
-        "quarantined": _quarantined(root),
+        "quarantined": _quarantined(layout),
+        "load_errors": int(c["load_errors"]),
         "insecure": int(c["insecure"]),
         "publish_errors": int(c["publish_errors"]),
         "lock_waits": int(c["lock_waits"]),
@@ -121,21 +110,14 @@ def stats(cache_dir: Path | str | None = None) -> dict[str, Any]:
     """Totals over every process that used the store directory.
 
     In a process that installed fa4cache, its own counters are flushed first, so the
-    numbers include this process. Keys: ``entries``, ``bytes``, ``hits``, ``misses``,
-    ``compiles``, ``compile_seconds``, ``corrupt`` and more (see the README).
+    numbers include this process, and "current" is its toolchain. Keys: ``entries``,
+    ``bytes``, ``hits``, ``misses``, ``compiles``, ``compile_seconds`` and more (README).
     """
-    from .adapters.flash_attn import current_toolchain, installed_store
-
-    store: Store | None = installed_store()
+    store = runtime.installed_store()
     tc = None
     if store is not None:
         store.counters.flush()
-        if cache_dir is None:
-            cache_dir = store.root
-        t = current_toolchain()
+        cache_dir = store.root if cache_dir is None else cache_dir
+        t = runtime.current_toolchain()
         tc = t.id if t is not None else None
-    if tc is None:
-        from .fingerprint import toolchain
-
-        tc = toolchain().id
     return collect(cache_dir, current_toolchain=tc)

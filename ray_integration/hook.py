@@ -10,7 +10,7 @@ import logging
 import os
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import ENV_DIR, Settings
+from fa4cache.settings import ENV_DIR, Settings, setting
 
 from .runtime_env import ENV_CHAINED_HOOK, ENV_NODE_LOCAL
 
@@ -26,7 +26,7 @@ def setup() -> None:
     from fa4cache.fsinfo import is_network_fs, mount_for
 
     settings = Settings.from_env()
-    if os.environ.get(ENV_NODE_LOCAL) == "1" and is_network_fs(settings.cache_dir) and not _warned_network:
+    if setting(ENV_NODE_LOCAL) and is_network_fs(settings.cache_dir) and not _warned_network:
         _warned_network = True
         mnt, fstype = mount_for(settings.cache_dir)
         log.warning(

@@ -24,8 +24,9 @@ def _warm_on_node(spec_dicts: list[dict[str, Any]]) -> dict[str, Any]:
     # Runs inside a Ray task; the runtime_env's env_vars carry the cache settings.
     import os
 
+    from fa4cache.adapters.warm import set_cross_compile_env, warm
+
     from fa4cache.spec import KernelSpec
-    from fa4cache.warm import set_cross_compile_env, warm
 
     specs = [KernelSpec.from_dict(d) for d in spec_dicts]
     if specs:
@@ -37,7 +38,7 @@ def _warm_on_node(spec_dicts: list[dict[str, Any]]) -> dict[str, Any]:
         "node_id": ray.get_runtime_context().get_node_id(),
         "cache_dir": os.environ.get("FA4CACHE_DIR"),
         "compiled": sum(r.compiles for r in results),
-        "present": sum(r.disk_hits for r in results),
+        "present": sum(r.present for r in results),
         "failed": [(r.spec.label(), r.error) for r in results if r.error],
     }
 

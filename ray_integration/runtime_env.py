@@ -7,13 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import ENV_DIR, Settings, check_placeholders
+from fa4cache.settings import BY_NAME, ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
 
 HOOK = "fa4cache.ray_integration.hook.setup"
-ENV_NODE_LOCAL = "FA4CACHE_NODE_LOCAL"
-ENV_CHAINED_HOOK = "FA4CACHE_CHAINED_SETUP_HOOK"
-# Placeholder-bearing default for node-local stores when no directory is given.
-NODE_LOCAL_DEFAULT = "/var/tmp/fa4cache-{user}"
+ENV_NODE_LOCAL = BY_NAME["FA4CACHE_NODE_LOCAL"].name
+ENV_CHAINED_HOOK = BY_NAME["FA4CACHE_CHAINED_SETUP_HOOK"].name
 
 
 def _check_dir(raw: str, setting: str) -> None:

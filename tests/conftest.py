@@ -78,11 +78,13 @@ def run_worker(cache_dir: Path, *args: str, **env: str) -> dict[str, Any]:
     return finish(start_worker(cache_dir, *args, **env))
 
 
-def run_cli(cache_dir: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    cache_dir: Path, *args: str, input: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fa4cache", "--cache-dir", str(cache_dir), *args],
         cwd=ROOT,
-        env=worker_env(cache_dir),
+        env=worker_env(cache_dir, **(env or {})),
         capture_output=True,
         text=True,
         input=input,

@@ -66,7 +66,7 @@ for t in range(6):
     else:
         ctx = rng.randint(8, 200); K = rng.randint(1, 6)
         anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)], [rng.randrange(ctx) for _ in range(K)]])
-        m = make_draft_block_mask(anchors, context_len=ctx, block_size=rng.choice([4, 8, 16]), block_sparse=False)
+        m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=rng.choice([4, 8, 16]), block_sparse=False)
     compare(*m.intervals, m.seqlen, bq, bk, f"single row {t}", m.dense())
 # Batch > 1 from document_ids: causal bounds come out with a broadcast (stride-0) hi.
 n_batched = 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fa4cache.store import LAYOUT
+from fa4cache.layout import LAYOUT
 
 from .conftest import ROOT, run_cli, run_worker, start_worker
 
@@ -38,7 +38,7 @@ def test_stats_json_counts_what_processes_did(doc_store_copy: Path) -> None:
     assert st["processes"] == 2 and st["corrupt"] == 0
     for key in ("entries", "bytes", "hits", "misses", "compiles", "compile_seconds", "corrupt"):
         assert key in st
-    assert set(st["by_kind"]) == {"fwd", "bwd", "bwd_pre", "bwd_post"}
+    assert set(st["by_kind"]) == {"fwd", "bwd", "bwd_preprocess", "bwd_postprocess_convert"}
     text = run_cli(doc_store_copy, "stats")
     assert text.returncode == 0 and "Hit rate" in text.stdout and "100.0 %" in text.stdout
     z = run_cli(doc_store_copy, "stats", "--zero")
@@ -49,7 +49,7 @@ def test_stats_json_counts_what_processes_did(doc_store_copy: Path) -> None:
 @pytest.mark.compile
 def test_ls_lists_entries_with_summaries(doc_store: dict[str, Any]) -> None:
     rows = _json(run_cli(doc_store["dir"], "ls", "--json"))
-    assert sorted(r["kind"] for r in rows) == ["bwd", "bwd_post", "bwd_pre", "fwd"]
+    assert sorted(r["kind"] for r in rows) == ["bwd", "bwd_postprocess_convert", "bwd_preprocess", "fwd"]
     fwd = next(r for r in rows if r["kind"] == "fwd")
     assert fwd["summary"]["dtype"] == "BFloat16" and fwd["summary"]["head_dim"] == 128
     assert fwd["compile_seconds"] > 0 and fwd["size"] > 0
@@ -78,10 +78,10 @@ def test_prune_keeps_recent_entries_and_respects_the_cap_while_loading(doc_store
     objs = {p.parent.name: p for p in (doc_store_copy / LAYOUT).glob("*/*/*.o")}
     # Age every entry but the forward kernel.
     for kind, p in objs.items():
-        side = p.with_suffix(".json")
-        d = json.loads(side.read_text())
+        use = p.with_suffix(".use")
+        d = json.loads(use.read_text())
         d["last_used"] = time.time() - (10 if kind == "fwd" else 90 * 86400)
-        side.write_text(json.dumps(d))
+        use.write_text(json.dumps(d))
     # A second process loads kernels while prune runs.
     loader = start_worker(doc_store_copy, "geometries", "--geometries", "4", "--seed", "5")
     cap = objs["fwd"].stat().st_size + 1000
@@ -98,7 +98,7 @@ def test_prune_keeps_recent_entries_and_respects_the_cap_while_loading(doc_store
     def last_used() -> dict[str, float]:
         return {
             p.stem: json.loads(p.read_text())["last_used"]
-            for p in (doc_store_copy / LAYOUT).glob("*/*/*.json")
+            for p in (doc_store_copy / LAYOUT).glob("*/*/*.use")
         }
 
     before = last_used()
@@ -124,14 +124,18 @@ def test_warm_manifest_then_fresh_process_compiles_nothing_and_replay(tmp_path: 
     assert r["compiles"] == 0 and r["disk_hits"] == 1
     # Simulate a toolchain upgrade: what the store holds now belongs to an "old" toolchain.
     (tc,) = [p for p in (d / LAYOUT).iterdir() if p.is_dir()]
-    tc.rename(tc.with_name("0123456789abcdef0123"))
+    old = tc.with_name("0123456789abcdef0123")
+    tc.rename(old)
+    for side in old.glob("*/*.json"):  # as if that toolchain had compiled them
+        side.write_text(json.dumps({**json.loads(side.read_text()), "toolchain": old.name}))
+    os.utime(old / "toolchain.json", (time.time() - 3 * 86400,) * 2)  # last used 3 days ago
     rep = run_cli(d, "warm", "--replay")
     assert rep.returncode == 0, rep.stderr
     assert "1 specs, 1 kernels compiled, 0 failed" in rep.stdout
     assert len(list((d / LAYOUT).glob("*/*/*.o"))) == 2
     st = _json(run_cli(d, "stats", "--json"))
     current = [tc for tc, v in st["by_toolchain"].items() if v["current"]]
-    assert current and current[0] != "0123456789abcdef0123"
+    assert current and current[0] != "0123456789abcdef0123"  # the most recently used one
     pr = run_cli(d, "prune", "--fingerprint", "stale")
     assert pr.returncode == 0 and "removed 1 entries" in pr.stdout
 

@@ -96,7 +96,7 @@ def build_mask(case: dict[str, Any], dev: str = "cuda") -> Any:
 
     if case["option"] == "draft":
         anchors = torch.tensor(case["anchors"], device=dev)
-        return make_draft_block_mask(anchors, context_len=case["context_len"], block_size=16)
+        return make_draft_block_mask(anchors, context_len=case["context_len"], draft_block_size=16)
     kw: dict[str, Any] = {
         "causal": case["option"] in ("causal", "causal_window", "prefix"),
         "window": case.get("window"),

@@ -51,7 +51,7 @@ def twin(mask: Any) -> Any:
     out = []
     for b in range(mask.batch):
         if mask.mask_mod.__fa4cache_mask__["template"] == "fa4cache.draft_block":
-            bs = mask.mask_mod.__fa4cache_mask__["spec"]["block_size"]
+            bs = mask.mask_mod.__fa4cache_mask__["spec"]["draft_block_size"]
             c = mask.aux_tensors[0][b, :T].view(T, 1).long()
             s = mask.aux_tensors[1][b, :T].view(T, 1).long()
             out.append((k < c) | ((k >= s) & (k < s + bs)))
@@ -83,7 +83,7 @@ def test_document_mask_matches_definition(seed: int, variant: str) -> None:
     causal = variant in ("causal", "window", "prefix")
     window = rng.randint(0, 9) if "window" in variant else None
     prefix = {d: rng.randint(0, 8) for d in range(n_docs)} if variant == "prefix" else None
-    kw: dict[str, Any] = {"causal": causal, "window": window, "block_size": (8, 8)}
+    kw: dict[str, Any] = {"causal": causal, "window": window, "sparse_tile": (8, 8)}
     if prefix is not None:
         kw["prefix_lengths"] = torch.tensor([prefix[d] for d in range(n_docs)])
     expected = brute_document(doc_of, causal, window, prefix)
@@ -114,7 +114,7 @@ def test_draft_block_mask_matches_definition(seed: int) -> None:
     ctx = rng.randint(1, 40)
     K = rng.randint(1, 5)
     anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)] for _ in range(2)])
-    m = make_draft_block_mask(anchors, context_len=ctx, block_size=bs, sparse_block_size=(8, 8))
+    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs, sparse_tile=(8, 8))
     T = ctx + K * bs
     for b in range(2):
         exp = torch.zeros(T, T, dtype=torch.bool)
@@ -157,7 +157,7 @@ def test_block_sparse_metadata_matches_brute_force(seed: int) -> None:
     kw: dict[str, Any] = {"causal": rng.random() < 0.7}
     if rng.random() < 0.4:
         kw["window"] = rng.randint(0, 40)
-    m = make_document_mask(document_ids=ids, block_size=(bq, bk), **kw)
+    m = make_document_mask(document_ids=ids, sparse_tile=(bq, bk), **kw)
     exp_p, exp_f = brute_tiles(m.dense(), bq, bk)
     part, full = classify_tiles(*m.intervals, seqlen_q=T, seqlen_k=T, block_q=bq, block_k=bk)
     # Document masks are monotone intervals: the closed form is exact.
@@ -182,7 +182,7 @@ def test_draft_block_metadata_is_safe(seed: int) -> None:
     rng = random.Random(seed)
     ctx, K, bs = rng.randint(8, 100), rng.randint(1, 6), rng.choice([4, 8, 16])
     anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)]])
-    m = make_draft_block_mask(anchors, context_len=ctx, block_size=bs, sparse_block_size=(16, 16))
+    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs, sparse_tile=(16, 16))
     exp_p, exp_f = brute_tiles(m.dense(), 16, 16)
     part, full = classify_tiles(*m.intervals, seqlen_q=m.seqlen, seqlen_k=m.seqlen, block_q=16, block_k=16)
     assert not (full & ~exp_f).any()
@@ -221,7 +221,7 @@ def test_check_against_q() -> None:
     with pytest.raises(ValueError, match="does not match the mask's batch=1, seqlen=30"):
         m.check(torch.empty(1, 31, 2, 64))
     with pytest.raises(ValueError, match="anchors: every anchor must lie in the context"):
-        make_draft_block_mask(torch.tensor([[5]]), context_len=5, block_size=4)
+        make_draft_block_mask(torch.tensor([[5]]), context_len=5, draft_block_size=4)
 
 
 def test_mask_is_a_mapping_for_flash_attn_func() -> None:
@@ -249,9 +249,9 @@ def test_hashes_stable_across_processes_and_seeds(tmp_path: Any) -> None:
 
 
 def test_interval_masking_is_part_of_the_specialisation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fa4cache.adapters.fa4_interval_masking import ROW_INTERVALS_ATTR
+    from fa4cache.masks import ROW_INTERVALS_ATTR, draft_block_mask, interval_mask
 
-    from fa4cache.masks import ENV_INTERVAL_MASKING, draft_block_mask, interval_mask
+    ENV_INTERVAL_MASKING = "FA4CACHE_INTERVAL_MASKING"
 
     # Defaults are part of the specialisation: spelling them out changes nothing.
     assert interval_mask(causal=True) is interval_mask(causal=True, row_intervals=True)
@@ -263,25 +263,23 @@ def test_interval_masking_is_part_of_the_specialisation(monkeypatch: pytest.Monk
     # Different generated code, different hash: the two never share a cache entry.
     assert slow.mask_mod.__cute_hash__ != fast.mask_mod.__cute_hash__
     assert (
-        draft_block_mask(block_size=8, row_intervals=False).__cute_hash__
-        != draft_block_mask(block_size=8).__cute_hash__
+        draft_block_mask(draft_block_size=8, row_intervals=False).__cute_hash__
+        != draft_block_mask(draft_block_size=8).__cute_hash__
     )
     with pytest.raises(ConfigError, match="unexpected keyword"):
         interval_mask(causal=True, rows=True)
 
 
-def test_mask_hash_covers_the_fa4_masking_patch(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The interval masks' code depends on the patched apply_mask, so their hash must
-    # move when the patch's source does.
+def test_the_fa4_masking_patch_is_part_of_the_toolchain() -> None:
+    # Kernels traced by a patched FA4 are another code generator's output: the patch's
+    # source digest names a toolchain of its own, and moves when the patch's source does.
     from fa4cache.adapters import fa4_interval_masking
 
-    from fa4cache.hashing import source_digest
-    from fa4cache.masks import interval_mask
+    from fa4cache.fingerprint import toolchain
 
-    before = source_digest(interval_mask.factory)
-
-    def _build_apply_mask(fa_mask: Any, original: Any) -> Any:  # another source text
-        return original
-
-    monkeypatch.setattr(fa4_interval_masking, "_build_apply_mask", _build_apply_mask)
-    assert source_digest(interval_mask.factory) != before
+    digest = fa4_interval_masking.source_digest()
+    assert toolchain(90).id != toolchain(90, ((fa4_interval_masking.NAME, digest),)).id
+    assert (
+        toolchain(90, (("interval_masking", digest),)).id
+        != toolchain(90, (("interval_masking", "0" * 16),)).id
+    )

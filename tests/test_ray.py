@@ -47,7 +47,8 @@ def _probe() -> dict[str, Any]:
     import sys
 
     import ray
-    from fa4cache.adapters.flash_attn import installed_store
+
+    from fa4cache.runtime import installed_store
 
     s = installed_store()
     return {
@@ -63,10 +64,10 @@ def _probe() -> dict[str, Any]:
 
 
 def _compile_fwd() -> dict[str, Any]:
-    from fa4cache.adapters.flash_attn import installed_store
+    from fa4cache.adapters.warm import compile_spec
 
+    from fa4cache.runtime import installed_store
     from fa4cache.spec import KernelSpec
-    from fa4cache.warm import compile_spec
 
     s = installed_store()
     before = dict(s.counters.values)

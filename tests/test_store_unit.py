@@ -18,7 +18,7 @@ def _publish(store: Store, i: int, size: int) -> EntryRef:
     staged = store.staging_path(ref)
     assert staged is not None
     staged.write_bytes(os.urandom(size))
-    assert store.publish(ref, staged, {"compile_seconds": 1.0})
+    assert store.publish(ref, staged, compile_seconds=1.0)
     lk.release()
     return ref
 
@@ -26,7 +26,7 @@ def _publish(store: Store, i: int, size: int) -> EntryRef:
 def test_max_size_is_enforced_on_publish(tmp_path: Path) -> None:
     store = Store(Settings.from_env(tmp_path / "c", max_size=10_000))
     refs = [_publish(store, i, 3000) for i in range(8)]
-    total = sum(e.size for e in store.iter_entries())
+    total = sum(e.size for e in store.layout.iter_entries())
     assert total <= 10_000
     # The most recent publish survives the cap.
     assert store.load(refs[-1]) is not None

@@ -54,8 +54,8 @@ def main() -> None:
         _result(
             causal=interval_mask(causal=True).__cute_hash__,
             interval=interval_mask(causal=False).__cute_hash__,
-            draft16=draft_block_mask(block_size=16).__cute_hash__,
-            draft8=draft_block_mask(block_size=8).__cute_hash__,
+            draft16=draft_block_mask(draft_block_size=16).__cute_hash__,
+            draft8=draft_block_mask(draft_block_size=8).__cute_hash__,
             same_object=interval_mask(causal=True) is interval_mask(causal=True),
         )
         return
@@ -80,18 +80,18 @@ def main() -> None:
 
         cute.compile = slow_compile
     if a.action == "compile":
-        from fa4cache.warm import compile_spec
+        from fa4cache.adapters.warm import compile_spec
 
         if a.marker:
             open(a.marker, "w").close()
         compile_spec(KernelSpec(mask=a.mask, seqlen=a.seqlen, backward=not a.no_backward))
     else:  # geometries: random document layouts, one FA4 forward+backward each
         import torch
+        from fa4cache.adapters.warm import _fake_mask
         from flash_attn.cute import interface as fi
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from fa4cache.masks import make_document_mask
-        from fa4cache.warm import _fake_mask
 
         g = torch.Generator().manual_seed(a.seed)
         for _ in range(a.geometries):
@@ -111,12 +111,14 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     store.counters.flush()
     c = store.counters.values
-    from fa4cache.adapters import fa4_interval_masking
+    from fa4cache import runtime
 
+    tc = runtime.current_toolchain()
     _result(
         pid=os.getpid(),
         seconds=seconds,
-        interval_traces=fa4_interval_masking.trace_count,
+        toolchain=tc.id if tc else None,
+        codegen_patches=sorted(tc.describe()["patches"]) if tc else [],
         compiles=int(c["compiles"]),
         misses=int(c["misses"]),
         disk_hits=int(c["disk_hits"]),

@@ -10,7 +10,9 @@ import random
 import sys
 from pathlib import Path
 
-from fa4cache.store import EntryRef, Store
+from fa4cache.layout import EntryRef
+from fa4cache.maintenance import remove
+from fa4cache.store import Store
 
 data = Path(sys.argv[1]).read_bytes()
 seed = int(sys.argv[2])
@@ -30,7 +32,7 @@ while True:
             assert staged is not None
             with open(staged, "wb") as f:
                 f.write(data)
-            store.publish(ref, staged, {"compile_seconds": 1.0, "summary": {"n": n}})
+            store.publish(ref, staged, compile_seconds=1.0, summary={"n": n})
         finally:
             if lk is not None:
                 lk.release()
@@ -46,7 +48,7 @@ while True:
             store.flush_touches()
             store.counters.flush()
     elif op < 0.95:
-        store.remove(ref)
+        remove(store, ref)
         store.counters.add("evictions")
         store.counters.flush()
     else:

@@ -19,8 +19,10 @@ import pytest
 
 from fa4cache import counters as _counters
 from fa4cache.errors import InsecurePath
+from fa4cache.layout import LAYOUT, EntryRef
+from fa4cache.maintenance import prune, verify
 from fa4cache.settings import Settings
-from fa4cache.store import LAYOUT, EntryRef, Store
+from fa4cache.store import Store
 
 from ..conftest import ROOT, finish, run_worker, start_worker, worker_env
 
@@ -66,10 +68,10 @@ def test_sigkill_at_random_points_of_store_writes(
         p.send_signal(signal.SIGKILL)
         p.wait()
         store = Store(Settings.from_env(d))
-        rep = store.verify()
+        rep = verify(store).as_dict()
         assert rep["clean"], rep["bad"]
         # Everything a loader would accept is byte-for-byte the real kernel.
-        for e in store.iter_entries():
+        for e in store.layout.iter_entries():
             got = store.load(e.ref)
             assert got is None or got.data == data
         now = _totals(d)
@@ -78,7 +80,7 @@ def test_sigkill_at_random_points_of_store_writes(
         prev = now
     assert prev["compiles"] > 0
     # Leftover temp files of the dead writers are removed by a prune.
-    Store(Settings.from_env(d)).prune(older_than=10**9)
+    prune(Store(Settings.from_env(d)), older_than=10**9)
     assert _no_partial_files(d / LAYOUT) == []
     record(
         "SIGKILL during publish / sidecar / counter writes",
@@ -105,7 +107,7 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
     assert r["corrupt"] == 0 and r["compiles"] + r["disk_hits"] == 1
     r2 = run_worker(d, "compile", "--mask", "document", "--seqlen", "777", "--no-backward")
     assert r2["compiles"] == 0 and r2["disk_hits"] == 1
-    assert Store(Settings.from_env(d)).verify()["clean"]
+    assert verify(Store(Settings.from_env(d))).clean
     record(
         "SIGKILL during a real compile/export",
         "2 kills 0.5-4 s into cute.compile",
@@ -141,11 +143,12 @@ def test_corruption_is_detected_and_quarantined(
     doc_store_copy: Path, name: str, damage: Any, record: Any
 ) -> None:
     store = Store(Settings.from_env(doc_store_copy))
-    e = next(store.iter_entries(kind="bwd"))
-    damage(e.object_path, e.object_path.with_suffix(".json"))
+    e = next(store.layout.iter_entries(kind="bwd"))
+    obj = store.layout.object_path(e.ref)
+    damage(obj, obj.with_suffix(".json"))
     assert store.load(e.ref) is None
     assert store.counters.values["corrupt"] == 1
-    assert not e.object_path.exists() and list((doc_store_copy / "quarantine").glob("*"))
+    assert not obj.exists() and list((doc_store_copy / "quarantine").glob("*"))
     # The slot is free again for a clean publish.
     assert store.load(e.ref) is None and store.counters.values["corrupt"] == 1
     record(f"{name}", "edited on disk", "detected on load, counted corrupt, moved to quarantine/")
@@ -164,14 +167,14 @@ def _flip(p: Path) -> None:
 
 @pytest.mark.compile
 def test_bit_flip_is_recompiled_by_the_next_process(doc_store_copy: Path, record: Any) -> None:
-    pre = next((doc_store_copy / LAYOUT).glob("*/bwd_pre/*.o"))
+    pre = next((doc_store_copy / LAYOUT).glob("*/bwd_preprocess/*.o"))
     _flip(pre)
     r = run_worker(doc_store_copy, "geometries", "--geometries", "1", "--seed", "8")
     assert r["corrupt"] == 1 and r["compiles"] == 1 and r["disk_hits"] == 3
-    assert Store(Settings.from_env(doc_store_copy)).verify()["clean"]
+    assert verify(Store(Settings.from_env(doc_store_copy))).clean
     record(
         "bit flip in a real kernel",
-        "one byte of bwd_pre .o",
+        "one byte of bwd_preprocess .o",
         "quarantined, recompiled, republished (1 compile)",
     )
 
@@ -298,7 +301,7 @@ def _seeded_store(doc_store: dict[str, Any], root: Path) -> tuple[Store, EntryRe
     staged = store.staging_path(ref)
     assert staged is not None
     shutil.copyfile(src, staged)
-    store.publish(ref, staged, {})
+    store.publish(ref, staged)
     lk.release()
     return store, ref, src.read_bytes()
 
@@ -331,7 +334,7 @@ def test_entries_owned_by_others_or_symlinked_are_refused(
     if os.getuid() != 0:
         pytest.skip("chown to another user needs root")
     store, ref, data = _seeded_store(doc_store, tmp_path / "c")
-    obj, side = store.object_path(ref), store.sidecar_path(ref)
+    obj, side = store.layout.object_path(ref), store.layout.sidecar_path(ref)
     assert store.load(ref) is not None
     os.chown(obj, NOBODY, NOBODY)
     assert store.load(ref) is None and store.counters.values["insecure"] == 1
@@ -356,7 +359,7 @@ def test_entries_owned_by_others_or_symlinked_are_refused(
     assert side.name  # the sidecar was never trusted through the link
     record("entry owned by another user", "chown nobody", "refused, counted insecure, recompiled")
     record("symlinked artifact", ".o replaced by a symlink to a valid copy", "refused (O_NOFOLLOW)")
-    record("symlinked kind directory", "v1/<tc>/fwd -> elsewhere", "refused (directory-chain check)")
+    record("symlinked kind directory", "v2/<tc>/fwd -> elsewhere", "refused (directory-chain check)")
 
 
 def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path, record: Any) -> None:
@@ -373,7 +376,7 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
     # Trusted explicitly: kernels come from the base; nothing is written there.
     local2 = tmp_path / "local2"
     before = sorted(str(p) for p in base.rglob("*"))
-    r2 = _one_geometry(local2, FA4CACHE_BASE_DIRS=str(base), FA4CACHE_TRUST_SHARED="1")
+    r2 = _one_geometry(local2, FA4CACHE_BASE_DIRS=str(base), FA4CACHE_TRUSTED_UIDS=str(NOBODY))
     assert r2["compiles"] == 0 and r2["disk_hits"] == 4
     assert sorted(str(p) for p in base.rglob("*")) == before
     record(
@@ -383,6 +386,6 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
     )
     record(
         "layered store, trusted read-only base",
-        "FA4CACHE_TRUST_SHARED=1",
+        f"FA4CACHE_TRUSTED_UIDS={NOBODY} (the owner)",
         "4 kernels loaded from the base, 0 compiles, base untouched",
     )

@@ -16,16 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import KernelSpec
+from fa4cache.runtime import record_spec
+from fa4cache.spec import ARCH_ENV, KernelSpec
 
 log = logging.getLogger(__name__)
-
-_ARCH_ENV = {
-    "sm_90": ("sm_90", "sm_90a"),
-    "sm_90a": ("sm_90", "sm_90a"),
-    "sm_100": ("sm_100", "sm_100a"),
-    "sm_100a": ("sm_100", "sm_100a"),
-}
 
 
 def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
@@ -33,7 +27,7 @@ def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
 
     Must run before FA4 is imported (FA4 reads it at import). Existing values win.
     """
-    fa_arch, dsl_arch = _ARCH_ENV[arch]
+    fa_arch, dsl_arch = ARCH_ENV[arch]
     os.environ.setdefault("FLASH_ATTENTION_ARCH", fa_arch)
     os.environ.setdefault("CUTE_DSL_ARCH", dsl_arch)
     os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", str(num_sms))
@@ -43,7 +37,7 @@ def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
 class WarmResult:
     spec: KernelSpec
     compiles: int
-    disk_hits: int  # kernels already present (on disk or in this process's memory)
+    present: int  # kernels already there: loaded from the store or already in this process's memory
     seconds: float
     error: str | None = None
 
@@ -76,7 +70,7 @@ def build_mask(spec: KernelSpec) -> Any | None:
     """A representative (CPU) mask for ``spec``; the geometry does not affect the kernel."""
     import torch
 
-    from .masks import make_document_mask, make_draft_block_mask
+    from fa4cache.masks import make_document_mask, make_draft_block_mask
 
     T = spec.seqlen
     if spec.mask in ("none", "causal"):
@@ -85,7 +79,7 @@ def build_mask(spec: KernelSpec) -> Any | None:
         ctx = max(T // 2, 1)
         k = max((T - ctx) // spec.block_size, 1)
         anchors = torch.linspace(0, ctx - 1, k).long().view(1, k).expand(spec.batch, k)
-        return make_draft_block_mask(anchors, context_len=ctx, block_size=spec.block_size)
+        return make_draft_block_mask(anchors, context_len=ctx, draft_block_size=spec.block_size)
     n_docs = 3
     cu = torch.tensor([0] + [T * (i + 1) // n_docs for i in range(n_docs)])
     ids = torch.repeat_interleave(torch.arange(n_docs), cu[1:] - cu[:-1]).view(1, T).expand(spec.batch, T)
@@ -104,8 +98,6 @@ def compile_spec(spec: KernelSpec) -> None:
     import torch
     from flash_attn.cute import interface as fi
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from .adapters.flash_attn import record_spec
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
     mask = build_mask(spec)
@@ -127,16 +119,15 @@ def compile_spec(spec: KernelSpec) -> None:
 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
     """Compile ``specs`` into the store in this process; returns one result per spec."""
-    import fa4cache
+    from .flash_attn import fold_all_hits, install
 
     if specs:
         set_cross_compile_env(specs[0].arch)
-    store = fa4cache.install(cache_dir)
+    store = install(cache_dir)
     results = []
-    from .adapters.flash_attn import _fold_all_hits
 
     for spec in specs:
-        _fold_all_hits()
+        fold_all_hits()
         before = dict(store.counters.values)
         t0 = time.perf_counter()
         err = None
@@ -145,15 +136,13 @@ def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResu
         except Exception as e:  # one bad spec must not stop the others
             err = f"{type(e).__name__}: {e}"
             log.warning("fa4cache warm: %s failed: %s", spec.label(), err)
-        _fold_all_hits()
+        fold_all_hits()
         c = store.counters.values
         results.append(
             WarmResult(
                 spec=spec,
                 compiles=int(c["compiles"] - before["compiles"]),
-                disk_hits=int(
-                    c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]
-                ),
+                present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
                 seconds=time.perf_counter() - t0,
                 error=err,
             )

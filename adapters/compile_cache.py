@@ -1,0 +1,193 @@
+"""A drop-in for FA4's ``JITCache`` backed by the store, with single-flight misses.
+
+FA4 (4.0.0b36) uses each entry point's ``compile_cache`` as ``if key not in cache:
+cache[key] = cute.compile(...)``, then ``cache[key](*args)``. :class:`StoreCompileCache`
+keeps that protocol:
+
+* ``key in cache`` is a dict lookup when the kernel is in memory (the hot path);
+  otherwise it looks in the store, and on a miss takes the key's cross-process lock
+  and *keeps holding it*, so that other processes wait for this compile instead of
+  repeating it (single-flight);
+* ``cache[key] = fn`` exports ``fn``, publishes it atomically and releases the lock;
+* a compile that raises releases the lock through :func:`guard` around the entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fa4cache.hashing import encode_key, key_digest
+from fa4cache.layout import EntryRef
+from fa4cache.locks import release
+
+if TYPE_CHECKING:
+    from .flash_attn import Installation
+
+log = logging.getLogger(__name__)
+_tl = threading.local()
+
+
+def kind_for(entry_point: str) -> str:
+    """Store kind of an FA4 entry point, derived from its name (``_flash_attn_fwd`` ->
+    ``fwd``, ``_bwd_preprocess`` -> ``bwd_preprocess``): no table to fall behind FA4."""
+    name = entry_point.strip("_").lower()
+    return name.removeprefix("flash_attn_") or name
+
+
+@dataclass
+class _Pending:
+    ref: EntryRef
+    encoded: str
+    lock: Any
+    started: float
+
+
+class StoreCompileCache:
+    """A drop-in for FA4's ``JITCache``, backed by a :class:`~fa4cache.store.Store`."""
+
+    def __init__(self, kind: str, installation: Installation, seed: dict[Any, Any] | None = None) -> None:
+        self.kind = kind
+        self._inst = installation
+        self.cache: dict[Any, Any] = dict(seed or {})  # named like FA4's JITCache.cache
+        self.memory_hits = 0
+        self._folded_hits = 0
+        self._pending: dict[Any, _Pending] = {}
+
+    # -- the protocol FA4 uses ------------------------------------------------------
+    def __contains__(self, key: Any) -> bool:
+        if key in self.cache:
+            self.memory_hits += 1
+            return True
+        return self._miss(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.cache[key]
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self.cache[key] = fn
+        pending = self._pending.pop(key, None)
+        try:
+            self._inst.publish(self, key, fn, pending)
+        finally:
+            if pending is not None:
+                _forget_pending(self, key)
+                release(pending.lock)
+
+    # -- dict conveniences ----------------------------------------------------------
+    def get(self, key: Any, default: Any = None) -> Any:
+        # Not self.cache.get: a miss must go through the store (and its lock) like FA4 does.
+        return self[key] if key in self else default  # noqa: SIM401
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.cache)
+
+    def clear(self) -> None:
+        """Forget kernels in memory (the store keeps them)."""
+        self.cache.clear()
+
+    def fold_hits(self) -> None:
+        n = self.memory_hits - self._folded_hits
+        if n:
+            self._folded_hits += n
+            self._inst.store.counters.add_memory_hits(self.kind, n)
+
+    # -- miss path ------------------------------------------------------------------
+    def _miss(self, key: Any) -> bool:
+        inst = self._inst
+        store = inst.store
+        encoded = encode_key(key)
+        ref = EntryRef(inst.toolchain().id, self.kind, key_digest(inst.toolchain().id, self.kind, encoded))
+        if self._try_load(key, ref):
+            return True
+        lock = store.acquire(ref.digest)
+        if lock is not None and self._try_load(key, ref):
+            # Another process compiled it while we waited.
+            release(lock)
+            return True
+        store.counters.add("misses")
+        self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
+        _remember_pending(self, key)
+        return False
+
+    def _try_load(self, key: Any, ref: EntryRef) -> bool:
+        store = self._inst.store
+        t0 = time.perf_counter()
+        art = store.load(ref)
+        if art is None:
+            return False
+        try:
+            fn = self._inst.loader(art)
+        except Exception as e:
+            # Verified bytes that do not load: most often the loader's own trouble (out of
+            # memory, a driver error), so a miss, never a quarantine.
+            store.counters.add("load_errors")
+            log.warning(
+                "fa4cache: cannot load %s entry %s (%s: %s); recompiling",
+                ref.kind,
+                ref.digest[:16],
+                type(e).__name__,
+                e,
+            )
+            return False
+        self.cache[key] = fn
+        store.counters.add("disk_hits", kind=self.kind)
+        store.counters.add("load_seconds", time.perf_counter() - t0)
+        store.touch(art)
+        store.counters.flush(throttle=1.0)
+        return True
+
+    def release_pending(self, key: Any) -> None:
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            release(pending.lock)
+
+
+def _remember_pending(cache: StoreCompileCache, key: Any) -> None:
+    lst = getattr(_tl, "pending", None)
+    if lst is None:
+        lst = _tl.pending = []
+    lst.append((cache, key))
+
+
+def _forget_pending(cache: StoreCompileCache, key: Any) -> None:
+    lst = getattr(_tl, "pending", None)
+    if lst:
+        try:
+            lst.remove((cache, key))
+        except ValueError:
+            pass
+
+
+def release_thread_pending() -> None:
+    lst = getattr(_tl, "pending", None)
+    while lst:
+        cache, key = lst.pop()
+        cache.release_pending(key)
+
+
+def guard(fn: Callable[..., Any], cache: StoreCompileCache) -> Callable[..., Any]:
+    """Wrap an FA4 entry point: a raising compile must not keep the key locked."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            release_thread_pending()
+            raise
+
+    guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+    guarded.__name__ = getattr(fn, "__name__", "guarded")
+    guarded.__qualname__ = getattr(fn, "__qualname__", "guarded")
+    guarded.__doc__ = getattr(fn, "__doc__", None)
+    guarded.__module__ = getattr(fn, "__module__", None)  # type: ignore[assignment]
+    guarded.compile_cache = cache  # type: ignore[attr-defined]
+    guarded.__fa4cache_guard__ = True  # type: ignore[attr-defined]
+    return guarded

@@ -1,0 +1,94 @@
+"""The mask object handed to FA4, and the input checks shared by the mask builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Aux tensors are padded to this many rows past the sequence end: kernels may
+# evaluate the mask for out-of-range rows of the last tile before discarding them.
+ROW_PAD = 256
+# A bound past every position (and small enough for int32 arithmetic on it).
+BIG = 1 << 30
+
+_KEYS = ("mask_mod", "aux_tensors", "block_sparse_tensors", "block_sparse_tensors_bwd")
+
+
+@dataclass(frozen=True)
+class AttentionMask(Mapping[str, Any]):
+    """Keyword arguments for ``flash_attn_func``: ``flash_attn_func(q, k, v, **mask)``.
+
+    ``intervals`` holds the per-row key intervals ``(lo, hi)``, each ``[B, K, T]``, that
+    define the mask; :meth:`dense` expands them into a boolean reference.
+    """
+
+    mask_mod: Callable[..., Any]
+    aux_tensors: list[Any]
+    block_sparse_tensors: Any
+    block_sparse_tensors_bwd: Any
+    seqlen: int
+    batch: int
+    name: str
+    intervals: tuple[Any, Any] = field(repr=False)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEYS)
+
+    def __len__(self) -> int:
+        return len(_KEYS)
+
+    def dense(self) -> Any:
+        """Boolean ``[B, T, T]`` tensor: ``True`` where query row may attend to key column."""
+        import torch
+
+        lo, hi = self.intervals
+        T = self.seqlen
+        n = torch.arange(T, device=lo.device).view(1, 1, 1, T)
+        lo_ = lo[..., :T].unsqueeze(-1)
+        hi_ = hi[..., :T].unsqueeze(-1)
+        return ((n >= lo_) & (n < hi_)).any(1)
+
+    def check(self, q: Any) -> None:
+        """Raise ``ValueError`` if this mask does not fit ``q`` (``[B, T, H, D]``)."""
+        if q.dim() != 4:
+            raise ValueError(f"q: expected [batch, seqlen, heads, head_dim], got shape {tuple(q.shape)}")
+        if q.shape[0] != self.batch or q.shape[1] != self.seqlen:
+            raise ValueError(
+                f"q: shape {tuple(q.shape)} does not match the mask's batch={self.batch}, "
+                f"seqlen={self.seqlen} (total length of the packed documents)"
+            )
+        dev = self.aux_tensors[0].device
+        if q.device != dev:
+            raise ValueError(
+                f"q is on {q.device} but the mask's tensors are on {dev}: build the mask on q's device"
+            )
+
+
+def as_int_tensor(x: Any, name: str, device: Any = None) -> Any:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(x, device=device)
+        except Exception as e:
+            raise ValueError(f"{name}: expected an integer tensor or sequence, got {type(x).__name__}") from e
+    if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name}: expected an integer dtype, got {x.dtype}")
+    return x
+
+
+def check_int32(x: Any, name: str) -> None:
+    if x.numel() and (int(x.max()) >= 2**31 or int(x.min()) < -(2**31)):
+        raise ValueError(f"{name}: values do not fit in int32")
+
+
+def pad_rows(t: Any, value: int) -> Any:
+    import torch
+
+    return torch.nn.functional.pad(t, (0, ROW_PAD), value=value).contiguous()

@@ -1,0 +1,235 @@
+"""Store upkeep: verify, prune, clear. Every deletion happens under the key's lock and
+only in directories the layout trusts (real directories of ours, never through links).
+
+Each operation returns a report instead of raising on the first problem: a held key,
+an unusable lock file or a read-only store is counted as ``skipped`` / ``failed`` so
+that the CLI can say what it did not do and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .layout import EntryInfo, EntryRef
+from .locks import release
+from .secure_io import NotRegularFile, clean_stale_tmp, my_uid, read_checked, unlink_quiet
+from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
+from .store import Store
+
+DAY = 86400.0
+
+
+@dataclass
+class Report:
+    removed: list[EntryInfo] = field(default_factory=list)
+    skipped: list[EntryRef] = field(default_factory=list)  # key held by another process
+    failed: list[tuple[EntryRef, str]] = field(default_factory=list)  # could not delete
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(e.size for e in self.removed)
+
+
+def _remove(store: Store, info: EntryInfo, report: Report) -> None:
+    """Delete one entry under its key lock (never waits: a held key is being published)."""
+    ref = info.ref
+    try:
+        lk = store.locks.try_lock(ref.digest)
+    except OSError as e:
+        report.failed.append((ref, str(e)))
+        return
+    if lk is None:
+        report.skipped.append(ref)
+        return
+    try:
+        # Sidecar first: a reader that finds no sidecar treats the entry as a miss.
+        for p in (store.layout.sidecar_path(ref), store.layout.object_path(ref), store.layout.use_path(ref)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        report.removed.append(info)
+    except OSError as e:
+        report.failed.append((ref, str(e)))
+    finally:
+        release(lk)
+
+
+def remove(store: Store, ref: EntryRef) -> bool:
+    """Delete one entry under its key lock; False if the key is held or it failed."""
+    r = Report()
+    _remove(store, EntryInfo(ref, 0, 0.0), r)
+    return bool(r.removed)
+
+
+def last_used(store: Store, e: EntryInfo) -> float:
+    rec = store.read_use(e.ref)
+    return rec.last_used if rec is not None else e.mtime
+
+
+def stale_toolchains(store: Store, *, unused_for: float = DAY, now: float | None = None) -> list[str]:
+    """Toolchains not used for ``unused_for`` seconds, by their recorded last use; the
+    most recently used toolchain is never stale."""
+    now = time.time() if now is None else now
+    lay = store.layout
+    newest = lay.most_recent_toolchain()
+    out = []
+    for tc in lay.toolchains():
+        t = lay.toolchain_last_used(tc)
+        if tc != newest and (t is None or now - t > unused_for):
+            out.append(tc)
+    return out
+
+
+def prune(
+    store: Store,
+    *,
+    max_size: int | None = None,
+    older_than: float | None = None,
+    stale_after: float | None = None,
+) -> Report:
+    """Evict entries of stale toolchains (``stale_after``: unused for that long), entries
+    unused for ``older_than`` seconds, then least recently used ones until the store fits
+    ``max_size`` bytes."""
+    report = Report()
+    entries = list(store.layout.iter_entries())
+    now = time.time()
+    stale = (
+        set(stale_toolchains(store, unused_for=stale_after, now=now)) if stale_after is not None else set()
+    )
+    uses = {e.ref: last_used(store, e) for e in entries}
+    kept = []
+    for e in entries:
+        if e.ref.toolchain in stale or (older_than is not None and now - uses[e.ref] > older_than):
+            _remove(store, e, report)
+        else:
+            kept.append(e)
+    if max_size is not None:
+        total = sum(e.size for e in kept)
+        recent = store.layout.most_recent_toolchain()
+        # Other toolchains go first, then the least recently used.
+        for e in sorted(kept, key=lambda e: (e.ref.toolchain == recent, uses[e.ref])):
+            if total <= max_size:
+                break
+            n = len(report.removed)
+            _remove(store, e, report)
+            if len(report.removed) > n:
+                total -= e.size
+    store.counters.add("evictions", len(report.removed))
+    for tc in store.layout.toolchains():
+        for k in store.layout.kinds(tc):
+            clean_stale_tmp(store.layout.toolchain_dir(tc) / k)
+    return report
+
+
+def enforce_cap(store: Store, cap: int) -> None:
+    if sum(e.size for e in store.layout.iter_entries()) > cap:
+        prune(store, max_size=cap)
+
+
+def clear(store: Store, *, everything: bool = False) -> Report:
+    """Remove every entry whose key is not held (a held key is being compiled: skipped
+    and reported, not waited for). ``everything`` also drops counters and quarantine."""
+    report = Report()
+    for e in list(store.layout.iter_entries()):
+        _remove(store, e, report)
+    if everything:
+        for d in (store.layout.quarantine_dir, store.layout.stats_dir):
+            if not store.layout.own_dir(d):
+                continue
+            for name in os.listdir(d):
+                p = d / name
+                if p.is_file() and not p.is_symlink():
+                    unlink_quiet(p)
+    return report
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    ok: int = 0
+    bad: list[dict[str, str]] = field(default_factory=list)
+    orphans: list[dict[str, str]] = field(default_factory=list)
+    repaired: int = 0
+    repair_failed: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        # Orphans (one half of an interrupted publish) are never loaded: debris, not damage.
+        return not self.bad
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "ok": self.ok,
+            "bad": self.bad,
+            "orphans": self.orphans,
+            "repaired": self.repaired,
+            "repair_failed": self.repair_failed,
+            "clean": self.clean,
+        }
+
+
+def _check_entry(store: Store, ref: EntryRef) -> str | None:
+    mine = frozenset({my_uid()})
+    lay = store.layout
+    side = Sidecar.parse(read_checked(lay.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=mine), ref)
+    if side is None:
+        return "malformed sidecar"
+    data = read_checked(lay.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=mine, what="artifact")
+    return None if side.matches(data) else "checksum mismatch"
+
+
+def verify(store: Store, *, repair: bool = False) -> VerifyReport:
+    """Check every entry's sidecar and checksum. With ``repair``, quarantine bad entries
+    and remove orphans; what could not be repaired is listed in ``repair_failed``."""
+    rep = VerifyReport()
+    for info in store.layout.iter_entries():
+        rep.checked += 1
+        ref = info.ref
+        try:
+            problem = _check_entry(store, ref)
+        except FileNotFoundError:
+            if store.locks.held_by_other(ref.digest):  # mid-publish: the publisher holds the lock
+                rep.ok += 1
+                continue
+            rep.orphans.append({"kind": ref.kind, "digest": ref.digest, "problem": "missing sidecar"})
+            if repair:
+                _repair(store, info, rep, remove=True)
+            continue
+        except (NotRegularFile, ValueError, OSError) as e:
+            problem = str(e)
+        if problem is None:
+            rep.ok += 1
+            continue
+        rep.bad.append(
+            {"kind": ref.kind, "digest": ref.digest, "toolchain": ref.toolchain, "problem": problem}
+        )
+        if repair:
+            _repair(store, info, rep, remove=False)
+    for ref in store.layout.iter_sidecars_without_artifact():
+        rep.orphans.append({"kind": ref.kind, "digest": ref.digest, "problem": "sidecar without artifact"})
+        if repair:
+            _repair(store, EntryInfo(ref, 0, 0.0), rep, remove=True)
+    return rep
+
+
+def _repair(store: Store, info: EntryInfo, rep: VerifyReport, *, remove: bool) -> None:
+    if not store.writable:
+        rep.repair_failed.append(f"{info.ref.digest[:16]}: the store is not writable")
+        return
+    if remove:
+        r = Report()
+        _remove(store, info, r)
+        ok = bool(r.removed)
+        why = "; ".join(w for _, w in r.failed) or "key held by another process"
+    else:
+        ok = bool(store.quarantine(info.ref, "verify --repair"))
+        why = "could not move it to quarantine/"
+    if ok:
+        rep.repaired += 1
+    else:
+        rep.repair_failed.append(f"{info.ref.digest[:16]}: {why}")
