@@ -66,6 +66,62 @@ def _fake_mask(mask: Any) -> dict[str, Any]:
     }
 
 
+def fake_copy(mask: Any) -> Any:
+    """``mask`` with every tensor replaced by a fake CUDA tensor of the same layout (call
+    inside ``FakeTensorMode``): build masks on real CPU tensors, then hand FA4 fakes."""
+    import dataclasses
+
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+
+    def bs(x: Any) -> Any:
+        return (
+            None
+            if x is None
+            else BlockSparseTensorsTorch(*(_fake_like(v) if hasattr(v, "stride") else v for v in x))
+        )
+
+    varlen = mask.varlen
+    if varlen is not None:
+        varlen = dataclasses.replace(
+            varlen,
+            cu_seqlens=_fake_like(varlen.cu_seqlens),
+            aux_tensors=None if varlen.aux_tensors is None else [_fake_like(t) for t in varlen.aux_tensors],
+        )
+    return dataclasses.replace(
+        mask,
+        aux_tensors=[_fake_like(t) for t in mask.aux_tensors],
+        block_sparse_tensors=bs(mask.block_sparse_tensors),
+        block_sparse_tensors_bwd=bs(mask.block_sparse_tensors_bwd),
+        varlen=varlen,
+    )
+
+
+def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool) -> None:
+    """What ``fa4cache.attention`` runs for ``mask`` on its varlen path, on fake CUDA
+    tensors (call inside ``FakeTensorMode``): the forward, then the backward by calling
+    FA4's ``_flash_attn_bwd`` as its autograd function does."""
+    import torch
+    from flash_attn.cute import interface as fi
+
+    kw = mask.varlen.kwargs()
+    kw["cu_seqlens_q"] = kw["cu_seqlens_k"] = _fake_like(kw["cu_seqlens_q"])
+    if "aux_tensors" in kw:
+        kw["aux_tensors"] = [_fake_like(t) for t in kw["aux_tensors"]]
+    left, right = kw.pop("window_size")
+    B, T = q.shape[:2]
+    q2, k2, v2 = (t.reshape(B * T, *t.shape[2:]) for t in (q, k, v))
+    out, lse, *_ = fi._flash_attn_fwd(
+        q2, k2, v2, return_lse=True, window_size_left=left, window_size_right=right, **kw
+    )
+    if backward:
+        bwd = {n: kw[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
+        fi._flash_attn_bwd(
+            q2, k2, v2, out, torch.empty_like(out), lse, None, kw["causal"],
+            window_size_left=left, window_size_right=right,
+            mask_mod=kw.get("mask_mod"), aux_tensors=kw.get("aux_tensors"), **bwd,
+        )  # fmt: skip
+
+
 def build_mask(spec: KernelSpec) -> Any | None:
     """A representative (CPU) mask for ``spec``; the geometry does not affect the kernel."""
     import torch
@@ -109,6 +165,9 @@ def compile_spec(spec: KernelSpec) -> None:
         q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")
         k = torch.empty(B, T, hkv, spec.head_dim, dtype=dtype, device="cuda")
         v = torch.empty(B, T, hkv, dv, dtype=dtype, device="cuda")
+        if spec.varlen and mask is not None and mask.varlen is not None:
+            fake_varlen_call(mask, q, k, v, backward=spec.backward)
+            return
         mk = _fake_mask(mask) if mask is not None else {}
         bwd_sparse = mk.pop("block_sparse_tensors_bwd", None)
         out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, return_lse=True, **mk)

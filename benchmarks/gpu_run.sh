@@ -6,6 +6,8 @@
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
+#   PART=varlen  fa4cache.attention (per-document tiling) benchmark
+#   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 part=${1:-all}
@@ -40,10 +42,16 @@ if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = all ]; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" "$repo/tests/test_gpu_transformers.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
 fi
 if [ "$part" = tests ] || [ "$part" = masks ] || [ "$part" = all ]; then
   timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"
+fi
+if [ "$part" = transformers ] || [ "$part" = all ]; then
+  timeout 560 python3 benchmarks/bench_transformers.py 2>&1 | tail -30 | tee -a "$out/run.log"
+fi
+if [ "$part" = varlen ] || [ "$part" = all ]; then
+  timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"
 fi
 if [ "$part" = store ] || [ "$part" = all ]; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"

@@ -48,6 +48,7 @@ __all__ = [
     "AttentionMask",
     "DocumentMaskBuilder",
     "KernelSpec",
+    "attention",
 ]
 
 # Lazily resolved names: module they live in.
@@ -63,9 +64,11 @@ _LAZY = {
     "AttentionMask": "fa4cache.masks",
     "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.spec",
+    "attention": "fa4cache.adapters.attention",
 }
 
 if TYPE_CHECKING:
+    from .adapters.attention import attention
     from .adapters.flash_attn import install, uninstall
     from .masks import (
         AttentionMask,

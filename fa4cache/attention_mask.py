@@ -31,6 +31,8 @@ class AttentionMask(Mapping[str, Any]):
     batch: int
     name: str
     intervals: tuple[Any, Any] = field(repr=False)
+    # The documents as FA4 varlen sequences (document masks only): see fa4cache.varlen.
+    varlen: Any = field(default=None, repr=False)
 
     def __getitem__(self, key: str) -> Any:
         if key not in _KEYS:
@@ -42,6 +44,15 @@ class AttentionMask(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(_KEYS)
+
+    def varlen_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``flash_attn_varlen_func`` on ``[B * T, heads, head_dim]``
+        tokens (per-document tiling); ``ValueError`` for a mask that is not per-document."""
+        if self.varlen is None:
+            raise ValueError(
+                f"mask {self.name!r} is not a per-document mask: use flash_attn_func(q, k, v, **mask)"
+            )
+        return self.varlen.kwargs()
 
     def dense(self) -> Any:
         """Boolean ``[B, T, T]`` tensor: ``True`` where query row may attend to key column."""

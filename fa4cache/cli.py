@@ -289,6 +289,7 @@ def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
                         seqlen=args.seqlen,
                         window=args.window or 256,
                         arch=args.arch,
+                        varlen=args.varlen,
                     )
                 )
     return out
@@ -562,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=int)
     s.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--seqlen", type=int, default=1024)
+    s.add_argument(
+        "--varlen", action="store_true", help="document masks: the kernels fa4cache.attention runs"
+    )
     s.add_argument("--arch", default="sm_90")
     s.add_argument("--manifest", help="JSON list of specs")
     s.add_argument(

@@ -21,7 +21,7 @@ def _doc_bounds_from_cu(cu: Any, T: int) -> tuple[Any, Any, Any]:
     return cu[doc].unsqueeze(0), cu[doc + 1].unsqueeze(0), doc.unsqueeze(0)
 
 
-def _doc_bounds_from_ids(ids: Any) -> tuple[Any, Any, Any]:
+def _doc_bounds_from_ids(ids: Any) -> tuple[Any, Any, Any, Any]:
     import torch
 
     B, T = ids.shape
@@ -34,7 +34,7 @@ def _doc_bounds_from_ids(ids: Any) -> tuple[Any, Any, Any]:
     e = torch.where(is_end, idx + 1, torch.full_like(idx, T))
     end = e.flip(1).cummin(1).values.flip(1)
     run = change.to(torch.int64).cumsum(1) - 1
-    return start, end, run
+    return start, end, run, change
 
 
 def make_document_mask(
@@ -48,6 +48,8 @@ def make_document_mask(
     block_sparse: bool = True,
     sparse_tile: tuple[int, int] = (128, 128),
     bwd_sparse_tile: tuple[int, int] | None = None,
+    max_documents: int | None = None,
+    max_seqlen: int | None = None,
     validate: bool = True,
 ) -> AttentionMask:
     """Mask for packed documents: attention never crosses a document boundary.
@@ -69,7 +71,14 @@ def make_document_mask(
     archs, and three H200 runs put it between 1% slower and 5% faster. ``seqlen`` (the
     total length) saves a device sync when given with ``cu_seqlens``.
     ``validate=False`` skips the checks that read values back from the device, for
-    CUDA-graph capture. Returns an :class:`AttentionMask`.
+    CUDA-graph capture.
+
+    The mask also carries its documents as FA4 varlen sequences (``mask.varlen``), which
+    :func:`fa4cache.attention` uses: ``max_seqlen`` (the longest document, if the data
+    loader knows it) is passed on, never computed; ``max_documents`` bounds the number of
+    documents over all rows of ``document_ids`` (FA4's varlen backward pads each one by a
+    tile). Without it they are counted when validating (one sync); ``validate=False`` with
+    ``document_ids`` needs it. Returns an :class:`AttentionMask`.
     """
     import torch
 
@@ -99,6 +108,7 @@ def make_document_mask(
         start, end, doc = _doc_bounds_from_cu(cu, total)
         batch = 1
         device = cu.device
+        varlen_cu, doc_starts = cu.to(torch.int32), cu[:-1]
     else:
         ids = as_int_tensor(document_ids, "document_ids")
         if ids.dim() != 2:
@@ -106,12 +116,25 @@ def make_document_mask(
         batch, total = ids.shape
         if seqlen is not None and seqlen != total:
             raise ValueError(f"document_ids: length {total} does not match seqlen={seqlen}")
-        start, end, doc = _doc_bounds_from_ids(ids)
+        start, end, doc, change = _doc_bounds_from_ids(ids)
         device = ids.device
+        if max_documents is None:
+            if not validate:
+                raise ValueError(
+                    "max_documents: needed with document_ids and validate=False (counting the "
+                    "documents would read a value back from the device)"
+                )
+            max_documents = int(change.sum())
+        if not isinstance(max_documents, int) or isinstance(max_documents, bool) or max_documents <= 0:
+            raise ValueError(f"max_documents: expected a positive int, got {max_documents!r}")
+        from .varlen import starts_from_change
+
+        varlen_cu, doc_starts = starts_from_change(change, max_documents)
     if total <= 0:
         raise ValueError("make_document_mask: total sequence length must be positive")
 
     m = torch.arange(total, device=device, dtype=torch.int64).view(1, total)
+    doc_prefix = None
     if causal:
         lo = start if window is None else torch.maximum(start, m - window)
         hi = m + 1
@@ -135,6 +158,12 @@ def make_document_mask(
                         f"prefix_lengths: {p.shape[1]} columns but a row has {int(doc.max()) + 1} documents"
                     )
                 plen = torch.gather(p, 1, doc.clamp(max=p.shape[1] - 1))
+            if cu_seqlens is not None:
+                doc_prefix = p.to(torch.int32)
+            else:  # each document's own row and index within it, at its first token
+                at = doc_starts.clamp(max=batch * total - 1)
+                local = doc.reshape(-1)[at].clamp(max=p.shape[1] - 1)
+                doc_prefix = p[at // total, local].to(torch.int32)
             pend = torch.minimum(start + plen, end)
             in_prefix = m < pend
             lo = torch.where(in_prefix, start, lo)
@@ -170,4 +199,13 @@ def make_document_mask(
         + ("_window" if window is not None else "")
         + ("_prefix" if prefix_lengths is not None else "")
     )
-    return AttentionMask(mod, aux, fwd, bwd, total, batch, name, intervals)
+    from .varlen import layout
+
+    varlen = layout(
+        cu=varlen_cu,
+        causal=causal,
+        window=window,
+        prefix=doc_prefix,
+        max_seqlen=max_seqlen,
+    )
+    return AttentionMask(mod, aux, fwd, bwd, total, batch, name, intervals, varlen)

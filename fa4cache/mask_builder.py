@@ -36,6 +36,7 @@ class DocumentMaskBuilder:
         window: int | None = None,
         sparse_tile: tuple[int, int] = (128, 128),
         bwd_sparse_tile: tuple[int, int] | None = None,
+        block_sparse: bool = True,
         device: Any = "cuda",
         buffers: int = 2,
     ) -> None:
@@ -54,6 +55,8 @@ class DocumentMaskBuilder:
             "window": window,
             "sparse_tile": sparse_tile,
             "bwd_sparse_tile": bwd_sparse_tile,
+            # Off when only fa4cache.attention's varlen path uses the masks.
+            "block_sparse": block_sparse,
         }
         self.device = torch.device(device)
         self.use_graphs = self.device.type == "cuda"

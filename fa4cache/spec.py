@@ -53,6 +53,8 @@ class KernelSpec:
     window: int = 256
     block_size: int = 16
     arch: str = "sm_90"
+    # Document masks: also compile what fa4cache.attention runs (FA4's varlen kernels).
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

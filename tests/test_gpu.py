@@ -302,3 +302,44 @@ def test_triton_metadata_matches_torch_metadata(monkeypatch: pytest.MonkeyPatch)
                     assert torch.equal(x.mask_block_idx[0, 0, r, :c], y.mask_block_idx[0, 0, r, :c])
                     f = int(x.full_block_cnt[0, 0, r])
                     assert torch.equal(x.full_block_idx[0, 0, r, :f], y.full_block_idx[0, 0, r, :f])
+
+
+def test_attention_step_is_graph_capturable() -> None:
+    # A whole step captured once: mask metadata (no host sync with validate=False) and
+    # fa4cache.attention on the varlen path; replayed with new packings of the same total
+    # length, equal to eager calls.
+    import torch
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    fa4cache.install()
+    rng = random.Random(21)
+    T, H, D = 4096, 4, 128
+    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    static_cu = torch.zeros(17, dtype=torch.int32, device="cuda")
+
+    def stage(c: Any) -> None:
+        static_cu.fill_(T)
+        static_cu[: c.numel()].copy_(c)
+
+    def step() -> Any:
+        return fa4cache.attention(q, k, v, make_document_mask(static_cu, seqlen=T, validate=False))
+
+    stage(torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for _ in range(4):
+        cu = torch.tensor(_layout(rng, T), device="cuda", dtype=torch.int32)
+        stage(cu)
+        g.replay()
+        ref = fa4cache.attention(q, k, v, make_document_mask(cu, seqlen=T))
+        torch.cuda.synchronize()
+        assert _rel(out, ref) < 1e-6

@@ -8,7 +8,9 @@ bidirectional, window, prefix-LM, draft-block), how the mask is given (``cu_seql
 It checks:
 
 * FA4's output and ``dq``/``dk``/``dv`` of every batch row against a float32 reference
-  with the explicit boolean mask, as close as plain bf16 arithmetic gets;
+  with the explicit boolean mask, as close as plain bf16 arithmetic gets, through both
+  ``flash_attn_func(q, k, v, **mask)`` (block-sparse, global tile grid) and
+  ``fa4cache.attention(q, k, v, mask)`` (FA4 varlen for document masks);
 * the forward and backward block lists against brute-force tile classification of
   the boolean mask (every visible tile listed, every "full" tile fully visible, no
   index twice), and the two metadata paths against each other.
@@ -206,24 +208,31 @@ def check_attention(mask: Any, case: dict[str, Any], seed: int) -> None:
     import torch
     from flash_attn.cute import flash_attn_func
 
+    import fa4cache
+
     torch.manual_seed(seed)
     B, T, dev = mask.batch, mask.seqlen, "cuda"
     q = torch.randn(B, T, case["Hq"], case["D"], device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(B, T, case["Hkv"], case["D"], device=dev, dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
     dense = mask.dense()
-    got = _grads(lambda a, b, c: flash_attn_func(a, b, c, **mask), q, k, v, dout)
     ref = _grads(lambda a, b, c: _attention(a, b, c, dense, torch.float32), q, k, v, dout)
     base = _grads(lambda a, b, c: _attention(a, b, c, dense, torch.bfloat16), q, k, v, dout)
-    for name, g, r, bl in zip(("out", "dq", "dk", "dv"), got, ref, base):
-        assert bool(torch.isfinite(g).all()), f"{name}: non-finite values"
-        for row in range(B):
-            rn = r[row].float().norm().clamp_min(1e-12)
-            err = float((g[row].float() - r[row].float()).norm() / rn)
-            berr = float((bl[row].float() - r[row].float()).norm() / rn)
-            assert err <= 2 * berr + 2e-3, (
-                f"{name} of batch row {row}: rel err {err:.2e}, bf16 baseline {berr:.2e}"
-            )
+    paths = {
+        "flash_attn_func(**mask)": lambda a, b, c: flash_attn_func(a, b, c, **mask),
+        "fa4cache.attention": lambda a, b, c: fa4cache.attention(a, b, c, mask),
+    }
+    for path, fn in paths.items():
+        got = _grads(fn, q, k, v, dout)
+        for name, g, r, bl in zip(("out", "dq", "dk", "dv"), got, ref, base):
+            assert bool(torch.isfinite(g).all()), f"{path}: {name}: non-finite values"
+            for row in range(B):
+                rn = r[row].float().norm().clamp_min(1e-12)
+                err = float((g[row].float() - r[row].float()).norm() / rn)
+                berr = float((bl[row].float() - r[row].float()).norm() / rn)
+                assert err <= 2 * berr + 2e-3, (
+                    f"{path}: {name} of batch row {row}: rel err {err:.2e}, bf16 baseline {berr:.2e}"
+                )
 
 
 def run_case(case: dict[str, Any], seed: int, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -283,3 +283,66 @@ def test_the_fa4_masking_patch_is_part_of_the_toolchain() -> None:
         toolchain(90, (("interval_masking", digest),)).id
         != toolchain(90, (("interval_masking", "0" * 16),)).id
     )
+
+
+def _varlen_dense(mask: Any) -> Any:
+    """The boolean [B, T, T] mask that FA4 varlen computes from ``mask.varlen``."""
+    lay = mask.varlen
+    B, T = mask.batch, mask.seqlen
+    cu = lay.cu_seqlens.long()
+    n = B * T
+    pos = torch.arange(n)
+    doc = torch.searchsorted(cu[1:], pos, right=True)
+    start = cu[doc]
+    local = pos - start
+    same = doc.view(-1, 1) == doc.view(1, -1)
+    m, k = local.view(-1, 1), local.view(1, -1)
+    if lay.mask_mod is not None:  # prefix-LM: the document_prefix template's rule
+        plen = lay.aux_tensors[0].long()[doc].view(1, -1).expand(n, n)
+        keep = (k <= m) | (k < plen.t())
+    else:
+        left, right = lay.window_size
+        keep = torch.ones(n, n, dtype=torch.bool)
+        if lay.causal:
+            keep &= k <= m
+        if left is not None:
+            keep &= k >= m - left
+        if right is not None:
+            keep &= k <= m + right
+    full = same & keep
+    return torch.stack([full[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_varlen_layout_is_the_same_mask(seed: int) -> None:
+    # fa4cache.attention runs document masks as FA4 varlen sequences: over random packings
+    # (batch > 1, 1-token documents, tile-edge boundaries, every option, every input form)
+    # the sequences and their masking keep exactly the reference's (query, key) pairs.
+    from tests.test_gpu_fuzz import build_mask, draw_case
+
+    rng = random.Random(1000 + seed)
+    checked = 0
+    while checked < 40:
+        case = draw_case(rng)
+        if case["option"] == "draft" or case["T"] * case["B"] > 1500:
+            continue
+        mask = build_mask(case, dev="cpu")
+        assert mask.varlen is not None
+        got = _varlen_dense(mask)
+        assert torch.equal(got, mask.dense()), f"seed {seed}: {case}"
+        # No sequence crosses a row, and the unused tail is empty.
+        cu = mask.varlen.cu_seqlens.long()
+        assert int(cu[-1]) == mask.batch * mask.seqlen and bool((cu[1:] >= cu[:-1]).all())
+        checked += 1
+
+
+def test_varlen_needs_a_document_bound_without_validation() -> None:
+    ids = torch.tensor([[0, 0, 1, 1, 2]])
+    with pytest.raises(ValueError, match="max_documents"):
+        make_document_mask(document_ids=ids, validate=False)
+    m = make_document_mask(document_ids=ids, validate=False, max_documents=5)
+    assert m.varlen.cu_seqlens.tolist() == [0, 2, 4, 5, 5, 5]
+    with pytest.raises(RuntimeError, match="more documents than max_documents"):
+        make_document_mask(document_ids=ids, validate=False, max_documents=2)
+    with pytest.raises(ValueError, match="max_documents: expected a positive int"):
+        make_document_mask(document_ids=ids, max_documents=0)

@@ -24,7 +24,7 @@ def _result(**kw: object) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("action", choices=["compile", "hashes", "lazy", "geometries"])
+    p.add_argument("action", choices=["compile", "hashes", "lazy", "geometries", "attention"])
     p.add_argument("--mask", default="document")
     p.add_argument("--seqlen", type=int, default=1024)
     p.add_argument("--no-backward", action="store_true")
@@ -85,6 +85,28 @@ def main() -> None:
         if a.marker:
             open(a.marker, "w").close()
         compile_spec(KernelSpec(mask=a.mask, seqlen=a.seqlen, backward=not a.no_backward))
+    elif a.action == "attention":  # random packings through fa4cache.attention's varlen path
+        import torch
+        from fa4cache.adapters.warm import fake_varlen_call
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from fa4cache.masks import make_document_mask
+
+        g = torch.Generator().manual_seed(a.seed)
+        kinds = ("causal", "bidirectional", "window", "prefix")
+        for i in range(a.geometries):
+            B = 1 + i % 3
+            T = int(torch.randint(256, 4096, (1,), generator=g))
+            ids = torch.cumsum(torch.rand(B, T, generator=g) < 0.004, 1)
+            kind = kinds[i % len(kinds)]
+            kw: dict = {"causal": kind != "bidirectional", "window": 128 if kind == "window" else None}
+            if kind == "prefix":
+                kw["prefix_lengths"] = torch.randint(0, 64, (B, 64), generator=g)
+            mask = make_document_mask(document_ids=ids, **kw)
+            with FakeTensorMode():
+                q = torch.empty(B, T, 4, 128, dtype=torch.bfloat16, device="cuda")
+                kv = torch.empty(B, T, 2, 128, dtype=torch.bfloat16, device="cuda")
+                fake_varlen_call(mask, q, kv, kv, backward=not a.no_backward)
     else:  # geometries: random document layouts, one FA4 forward+backward each
         import torch
         from fa4cache.adapters.warm import _fake_mask

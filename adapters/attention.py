@@ -1,0 +1,62 @@
+"""``fa4cache.attention(q, k, v, mask)``: one call that takes the fastest exact path for a mask.
+
+* Per-document masks (every document mask: causal, bidirectional, window, prefix-LM) run
+  on FA4's varlen kernels: the documents become varlen sequences, so tiles follow each
+  document and none straddles a boundary. Causal, bidirectional and window masking are
+  FA4's own; prefix-LM is a document-local ``mask_mod``. ``[B, T, H, D]`` tensors are
+  viewed as ``[B * T, H, D]`` and back; autograd flows through FA4's varlen function.
+* Everything else (draft-block masks, custom templates) runs ``flash_attn_func`` with the
+  mask's block-sparse metadata, as ``flash_attn_func(q, k, v, **mask)`` does.
+
+No host sync on either path (``max_seqlen`` is used when the mask was given it), so the
+call can be captured in a CUDA graph with :class:`~fa4cache.DocumentMaskBuilder` masks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fa4cache.attention_mask import AttentionMask
+
+
+def _first(x: Any) -> Any:
+    return x[0] if isinstance(x, tuple) else x
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: AttentionMask,
+    *,
+    softmax_scale: float | None = None,
+    dense: bool = False,
+) -> Any:
+    """Attention of ``q`` ``[B, T, Hq, D]`` over ``k``/``v`` ``[B, T, Hkv, D]`` under ``mask``.
+
+    ``dense=True`` forces the block-sparse dense path (for comparison). Returns ``[B, T, Hq, Dv]``.
+    """
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    if not isinstance(mask, AttentionMask):
+        raise ValueError(
+            f"mask: expected an AttentionMask (make_document_mask, ...), got {type(mask).__name__}"
+        )
+    mask.check(q)
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 4 or t.shape[:2] != q.shape[:2]:
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
+            )
+    if mask.varlen is None or dense:
+        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **mask))
+    B, T = q.shape[:2]
+    out = flash_attn_varlen_func(
+        q.reshape(B * T, *q.shape[2:]),
+        k.reshape(B * T, *k.shape[2:]),
+        v.reshape(B * T, *v.shape[2:]),
+        softmax_scale=softmax_scale,
+        **mask.varlen.kwargs(),
+    )
+    out = _first(out)
+    return out.view(B, T, *out.shape[1:])

@@ -1,0 +1,111 @@
+"""A training step (forward + backward) of a random-init ~0.44B Qwen3-style model on packed
+batches, through transformers with attn_implementation "fa4cache", "sdpa" and "flex_attention".
+
+Same batches for every implementation: 16K and 64K tokens of random documents (128-4096
+tokens) in one packed row, position_ids restarting at each document (what
+DataCollatorWithFlattening produces), labels = input ids. Reports tokens/s (median of the
+timed steps after warm-up); an out-of-memory or other failure is reported as such.
+
+    python benchmarks/bench_transformers.py [--lengths 16384 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from typing import Any
+
+from common import save, table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--impls", nargs="+", default=["fa4cache", "sdpa", "flex_attention"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--layers", type=int, default=24)
+    a = p.parse_args()
+
+    import torch
+    from fa4cache.adapters import transformers as fht
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    import fa4cache
+
+    fht.register()
+    fa4cache.install()
+    cfg = Qwen3Config(
+        vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=a.layers,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1 << 17,
+    )  # fmt: skip
+    rows: list[list[Any]] = []
+    data: dict[str, Any] = {"runs": []}
+    params = None
+    for T in a.lengths:
+        rng = random.Random(T)
+        lens, left = [], T
+        while left:
+            n = min(left, rng.randint(128, 4096))
+            lens.append(n)
+            left -= n
+        ids = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
+        pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1).cuda()
+        results: dict[str, Any] = {}
+        for impl in a.impls:
+            model = None
+            try:
+                torch.manual_seed(0)
+                model = AutoModelForCausalLM.from_config(
+                    cfg, attn_implementation=impl, dtype=torch.bfloat16
+                ).cuda()
+                model.train()
+                params = sum(x.numel() for x in model.parameters())
+                times = []
+                for step in range(2 + a.steps):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+                    loss.backward()
+                    torch.cuda.synchronize()
+                    if step >= 2:
+                        times.append(time.perf_counter() - t0)
+                    model.zero_grad(set_to_none=True)
+                t = sorted(times)[len(times) // 2]
+                results[impl] = {"seconds": t, "tokens_per_s": T / t, "loss": float(loss)}
+            except torch.OutOfMemoryError:
+                results[impl] = {"error": "out of memory"}
+            except Exception as e:  # reported, not fatal: the other implementations still run
+                results[impl] = {"error": f"{type(e).__name__}: {str(e)[:100]}"}
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+        others = [r["tokens_per_s"] for k, r in results.items() if k != "fa4cache" and "tokens_per_s" in r]
+        best = max(others) if others else None
+        for impl, r in results.items():
+            if "error" in r:
+                rows.append([T, len(lens), impl, r["error"], "", ""])
+                continue
+            ratio = f"{r['tokens_per_s'] / best:.2f}x" if best and impl == "fa4cache" else ""
+            rows.append([T, len(lens), impl, f"{r['seconds'] * 1e3:.1f}", f"{r['tokens_per_s']:.0f}", ratio])
+        data["runs"].append({"tokens": T, "documents": len(lens), "results": results})
+    data["parameters"] = params
+    save(
+        "transformers_h200",
+        f"transformers training step, random-init Qwen3-style model ({(params or 0) / 1e9:.2f}B parameters)",
+        [
+            (
+                "Forward+backward of one packed batch (median of timed steps; x: fa4cache over the faster of sdpa and flex)",
+                table(
+                    ["tokens", "documents", "attn_implementation", "step ms", "tokens/s", "vs best other"],
+                    rows,
+                ),
+            )
+        ],
+        data,
+    )
+
+
+if __name__ == "__main__":
+    main()

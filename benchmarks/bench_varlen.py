@@ -1,0 +1,230 @@
+"""fa4cache.attention (per-document tiling on FA4 varlen) against FA4 varlen, the dense path and flex.
+
+Same data for every method in a row: packed rows of random documents (512-8192 tokens),
+bf16, d=128. Plain document-causal and -bidirectional through ``fa4cache.attention`` at
+16K/64K/128K tokens per row, B=1 and B=2, MHA (16/16) and GQA (32/8), with and without a
+host ``max_seqlen``; then prefix-LM, sliding window and draft-block masks in useful
+TFLOP/s against FA4 varlen causal's in the same run, against today's dense path and flex.
+
+    python benchmarks/bench_varlen.py [--lengths 16384 65536 131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+from common import save, table
+
+
+def doc_lengths(total: int, rng: random.Random, lo: int = 512, hi: int = 8192) -> list[int]:
+    out, left = [], total
+    while left > 0:
+        n = min(left, rng.randint(lo, hi))
+        out.append(n)
+        left -= n
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536, 131072])
+    p.add_argument("--other-lengths", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--no-flex", action="store_true")
+    a = p.parse_args()
+
+    import torch
+    import triton.testing as tt
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    import fa4cache
+    from fa4cache.masks import DocumentMaskBuilder, make_document_mask, make_draft_block_mask
+
+    fa4cache.install()
+    D = 128
+
+    def bench(fn: Any) -> float:
+        return float(tt.do_bench(fn, warmup=25, rep=150, return_mode="median"))
+
+    def first(x: Any) -> Any:
+        return x[0] if isinstance(x, tuple) else x
+
+    def timed(fwd: Any, dout: Any) -> tuple[float, float]:
+        return bench(fwd), bench(lambda: fwd().backward(dout))
+
+    plain_rows: list[list[Any]] = []
+    other_rows: list[list[Any]] = []
+    meta_rows: list[list[Any]] = []
+    data: dict[str, Any] = {"plain": [], "other": []}
+
+    # ------------------------------------------------------------ plain document masks
+    for T in a.lengths:
+        for B in (1, 2):
+            rng = random.Random(T * 10 + B)
+            rows = [doc_lengths(T, rng) for _ in range(B)]
+            lens = [n for r in rows for n in r]
+            maxlen = max(lens)
+            cu_all = torch.tensor(
+                [0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+            )
+            ids = torch.stack(
+                [torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in rows]
+            ).cuda()
+            for Hq, Hkv in ((16, 16), (32, 8)):
+                q = torch.randn(B * T, Hq, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k, v = (
+                    torch.randn(B * T, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2)
+                )
+                dout = torch.randn(B * T, Hq, D, device="cuda", dtype=torch.bfloat16)
+                q4, k4, v4 = (t.detach().view(B, T, *t.shape[1:]).requires_grad_() for t in (q, k, v))
+                dout4 = dout.view(B, T, Hq, D)
+                for causal in (True, False):
+                    anchor = lambda c=causal: first(flash_attn_varlen_func(  # noqa: E731
+                        q, k, v, cu_seqlens_q=cu_all, cu_seqlens_k=cu_all, max_seqlen_q=maxlen,
+                        max_seqlen_k=maxlen, causal=c,
+                    ))  # fmt: skip
+                    kw: dict[str, Any] = {"causal": causal, "block_sparse": False}
+                    with_max = make_document_mask(document_ids=ids, max_seqlen=maxlen, **kw)
+                    without = make_document_mask(document_ids=ids, **kw)
+                    ours_max = lambda m=with_max: fa4cache.attention(q4, k4, v4, m)  # noqa: E731
+                    ours = lambda m=without: fa4cache.attention(q4, k4, v4, m)  # noqa: E731
+                    ref = anchor().detach().float()
+                    err = float((ours().detach().float().reshape(ref.shape) - ref).norm() / ref.norm())
+                    af, afb = timed(anchor, dout)
+                    mf, mfb = timed(ours_max, dout4)
+                    nf, nfb = timed(ours, dout4)
+                    name = "causal" if causal else "bidirectional"
+                    plain_rows.append([
+                        T, B, f"{Hq}/{Hkv}", name, af, afb,
+                        f"{100 * af / mf:.0f}%", f"{100 * afb / mfb:.0f}%",
+                        f"{100 * af / nf:.0f}%", f"{100 * afb / nfb:.0f}%", f"{err:.1e}",
+                    ])  # fmt: skip
+                    data["plain"].append(
+                        {"T": T, "B": B, "heads": [Hq, Hkv], "mask": name, "varlen": [af, afb],
+                         "with_max_seqlen": [mf, mfb], "without": [nf, nfb], "rel_err": err}
+                    )  # fmt: skip
+                del q, k, v, q4, k4, v4, dout
+                torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------ prefix-LM, window, draft
+    H = 16
+    for T in a.other_lengths:
+        rng = random.Random(T + 5)
+        lens = doc_lengths(T, rng)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        maxlen = max(lens)
+        q, k, v = (
+            torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
+        dout = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+        q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (q, k, v))
+        dout4 = dout.unsqueeze(0)
+
+        def flops(pairs: float) -> float:  # forward+backward FLOPs of `pairs` visible (q, k) pairs
+            return 4 * D * H * pairs * 3.5
+
+        causal_pairs = sum(n * (n + 1) / 2 for n in lens)
+        anchor = lambda: first(flash_attn_varlen_func(  # noqa: E731
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen, causal=True
+        ))  # fmt: skip
+        _, a_fb = timed(anchor, dout)
+        anchor_tflops = flops(causal_pairs) / (a_fb * 1e-3) / 1e12
+        other_rows.append([T, "FA4 varlen causal (anchor)", "-", a_fb, anchor_tflops, "100%", "", ""])
+        prefix = torch.tensor([rng.randint(0, n // 2) for n in lens], device="cuda")
+        window = 1024
+        ctx = T // 2
+        K = (T - ctx) // 16
+        anchors = torch.tensor([sorted(rng.randrange(ctx) for _ in range(K))], device="cuda")
+        cases = {
+            "prefix-LM": (
+                make_document_mask(cu, seqlen=T, prefix_lengths=prefix, max_seqlen=maxlen),
+                sum(
+                    min(p, n) ** 2 + (n * (n + 1) - min(p, n) * (min(p, n) + 1)) / 2
+                    for p, n in zip(prefix.tolist(), lens)
+                ),
+            ),
+            f"window {window}": (
+                make_document_mask(cu, seqlen=T, window=window, max_seqlen=maxlen),
+                sum(sum(min(m + 1, window + 1) for m in range(n)) for n in lens),
+            ),
+            "draft-block 16": (
+                make_draft_block_mask(anchors, context_len=ctx, draft_block_size=16),
+                ctx * (ctx + 1) / 2 + sum((x + 1 + 16) * 16 for x in anchors[0].tolist()),
+            ),
+        }
+        for name, (mask, pairs) in cases.items():
+            tq, tk, tv, td = (q4, k4, v4, dout4)
+            if mask.seqlen != T:  # the draft mask's own length
+                tq, tk, tv = (
+                    torch.randn(1, mask.seqlen, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(3)
+                )
+                td = torch.randn(1, mask.seqlen, H, D, device="cuda", dtype=torch.bfloat16)
+            dense = mask.dense()
+            paths = {
+                "fa4cache.attention": lambda m=mask, a_=(tq, tk, tv): fa4cache.attention(*a_, m),
+                "dense block-sparse path": lambda m=mask, a_=(tq, tk, tv): first(flash_attn_func(*a_, **m)),
+            }
+            if not a.no_flex:
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+                flex = torch.compile(flex_attention)
+                dq = dense[0]
+
+                def mod(b: Any, h: Any, qi: Any, ki: Any, dq: Any = dq) -> Any:
+                    return dq[qi, ki]
+
+                bm = create_block_mask(mod, 1, 1, mask.seqlen, mask.seqlen, device="cuda")
+                qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (tq, tk, tv))
+                paths["flex_attention"] = lambda bm=bm, a_=(qt, kt, vt): flex(*a_, block_mask=bm).transpose(
+                    1, 2
+                )
+            got = {}
+            for path, fn in paths.items():
+                o = fn().detach().float()
+                ref = paths["fa4cache.attention"]().detach().float()
+                _, fb = timed(fn, td)
+                got[path] = (fb, float((o - ref).norm() / ref.norm()))
+            ours_fb = got["fa4cache.attention"][0]
+            for path, (fb, err) in got.items():
+                tf = flops(pairs) / (fb * 1e-3) / 1e12
+                other_rows.append([
+                    T, f"{name}: {path}", "varlen" if (path == "fa4cache.attention" and mask.varlen is not None) else "dense",
+                    fb, tf, f"{100 * tf / anchor_tflops:.0f}%", f"{fb / ours_fb:.2f}x", f"{err:.1e}",
+                ])  # fmt: skip
+            data["other"].append({"T": T, "mask": name, "fwd_bwd_ms": {k_: v_[0] for k_, v_ in got.items()}})
+        builder = DocumentMaskBuilder(T, max_documents=len(lens) + 8, block_sparse=False)
+        builder(cu)
+        meta_rows.append([T, "DocumentMaskBuilder (varlen layout only)", bench(lambda: builder(cu))])
+        builder_bs = DocumentMaskBuilder(T, max_documents=len(lens) + 8)
+        builder_bs(cu)
+        meta_rows.append(
+            [T, "DocumentMaskBuilder (with block-sparse metadata)", bench(lambda: builder_bs(cu))]
+        )
+
+    sections = [
+        (
+            "Plain document masks through fa4cache.attention (% of FA4 varlen throughput; "
+            "anchor median ms)",
+            table(
+                ["tokens/row", "B", "heads q/kv", "mask", "varlen fwd ms", "varlen fwd+bwd ms",
+                 "fwd, max_seqlen given", "fwd+bwd, max_seqlen given", "fwd, no max_seqlen",
+                 "fwd+bwd, no max_seqlen", "rel err"],
+                plain_rows,
+            ),
+        ),
+        (
+            "Other masks, forward+backward: useful TFLOP/s vs FA4 varlen causal in the same run "
+            "(x: time relative to fa4cache.attention)",
+            table(["tokens", "mask: method", "path", "fwd+bwd ms", "useful TFLOP/s", "vs varlen causal",
+                   "time vs ours", "rel err"], other_rows),
+        ),
+        ("Metadata (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
+    ]  # fmt: skip
+    save("varlen_h200", "fa4cache.attention: per-document tiling on FA4 varlen", sections, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""transformers adapter on the CPU: real models (random weights, from configs), real masks.
+
+FA4 cannot run without a GPU, so the model-level tests swap ``fa4cache.attention`` for a
+float reference that applies the mask's boolean matrix (the same matrix the GPU fuzz test
+holds FA4 to); everything else (transformers' model code, its mask plumbing, kwargs,
+caches, fa4cache's document masks and the adapter) is real. The FA4 kernels themselves are
+cross-compiled for real through the adapter under FakeTensorMode.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, worker_env
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def _reference_attention(q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None) -> Any:
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * (softmax_scale or q.shape[-1] ** -0.5)
+    s = s.masked_fill(~mask.dense()[:, None], float("-inf"))
+    return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.float()).to(q.dtype)
+
+
+@pytest.fixture
+def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    from fa4cache.adapters import attention as attention_mod
+    from fa4cache.adapters import transformers as fht
+
+    import fa4cache
+
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
+    fht.register()
+    calls = {"masks": 0}
+    real_build = fht._build
+
+    def counting_build(*args: Any) -> Any:
+        calls["masks"] += 1
+        return real_build(*args)
+
+    monkeypatch.setattr(fht, "_build", counting_build)
+    monkeypatch.setattr(attention_mod, "attention", _reference_attention)
+    monkeypatch.setattr(fa4cache, "attention", _reference_attention, raising=False)
+    fht._cache.clear()
+    yield fht, calls
+
+
+def _configs() -> dict[str, Any]:
+    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+
+    small = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3}
+    return {
+        "llama-mha": LlamaConfig(**small, num_attention_heads=4, num_key_value_heads=4),
+        "llama-gqa": LlamaConfig(**small, num_attention_heads=8, num_key_value_heads=2, head_dim=16),
+        "qwen3": Qwen3Config(**small, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        "mistral-sliding": MistralConfig(
+            **small, num_attention_heads=4, num_key_value_heads=2, sliding_window=7
+        ),
+    }
+
+
+def _model(cfg: Any, impl: str) -> Any:
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)  # the same weights for every implementation
+    model = AutoModelForCausalLM.from_config(
+        copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32
+    )
+    assert model.config._attn_implementation == impl
+    return model.eval()
+
+
+def _packing(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.choice([1, 2, 5, 9, 16, 23]) for _ in range(rng.randint(2, 6))]
+
+
+@pytest.mark.parametrize("name", list(_configs()))
+@pytest.mark.parametrize("form", ["position_ids", "cu_seq_lens", "cu_seqlens"])
+def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form: str) -> None:
+    fht, calls = adapter
+    cfg = _configs()[name]
+    packed_model = _model(cfg, "fa4cache")
+    sdpa_model = _model(cfg, "sdpa")
+    lens = _packing(hash((name, form)) % 1000)
+    ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw: dict[str, Any] = {"position_ids": pos}
+    if form == "cu_seq_lens":
+        kw |= {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+    elif form == "cu_seqlens":  # continuous batching's naming
+        kw |= {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": max(lens), "max_seqlen_k": max(lens)}
+    with torch.no_grad():
+        packed = packed_model(input_ids=ids, **kw).logits[0]
+        alone = torch.cat(
+            [sdpa_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+        )
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5)
+    # One mask per forward step, shared by every layer.
+    assert calls["masks"] == 1, calls
+
+
+def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
+    cfg = _configs()["llama-gqa"]
+    m = _model(cfg, "fa4cache")
+    ref = _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (2, 12))
+    att = torch.ones(2, 12, dtype=torch.long)
+    att[0, 9:] = 0  # right padding
+    with torch.no_grad():
+        got = m(input_ids=ids, attention_mask=att).logits
+        want = ref(input_ids=ids, attention_mask=att).logits
+    torch.testing.assert_close(got[0, :9], want[0, :9], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=2e-5)
+
+
+def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
+    fht, _ = adapter
+    m = fht.step_mask(batch=1, seqlen=30, causal=True, window=6, position_ids=torch.arange(30).view(1, -1))
+    dense = m.dense()[0]
+    # transformers' window of 7 keys: the query and the 6 before it.
+    assert dense[20].nonzero().view(-1).tolist() == list(range(14, 21))
+    assert m.varlen.window_size == (6, 0)
+
+
+def test_generation_with_a_cache_falls_back_with_one_warning(adapter: Any, caplog: Any) -> None:
+    cfg = _configs()["qwen3"]
+    m = _model(cfg, "fa4cache")
+    ref = _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (1, 9))
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        out = m.generate(ids, max_new_tokens=6, do_sample=False)
+    want = ref.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, want)
+    warnings = [r for r in caplog.records if "KV cache" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(adapter: Any) -> None:
+    from fa4cache.masks import make_document_mask
+
+    cfg = _configs()["llama-mha"]
+    m = _model(cfg, "fa4cache")
+    ids = torch.randint(0, cfg.vocab_size, (1, 20))
+    prefix = make_document_mask(torch.tensor([0, 12, 20]), prefix_lengths=torch.tensor([5, 3]))
+    seen = []
+    from fa4cache.adapters import attention as attention_mod
+
+    real = attention_mod.attention
+
+    def spy(q: Any, k: Any, v: Any, mask: Any, **kw: Any) -> Any:
+        seen.append(mask)
+        return real(q, k, v, mask, **kw)
+
+    import fa4cache
+
+    fa4cache.attention = spy  # the adapter calls fa4cache.attention
+    try:
+        with torch.no_grad():
+            m(input_ids=ids, fa4cache_mask=prefix)
+    finally:
+        fa4cache.attention = real
+    assert len(seen) == cfg.num_hidden_layers and all(s is prefix for s in seen)
+
+
+def test_registration_names_and_flash_attention_4_fix(adapter: Any) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    assert "fa4cache" in AttentionInterface._global_mapping
+    assert "fa4cache" in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    import flash_attn.cute as fa
+
+    assert getattr(fa.flash_attn_varlen_func, "__fa4cache_max_seqlen_fix__", False)
+    import inspect
+
+    assert "max_seqlen_q" in inspect.signature(fa.flash_attn_varlen_func).parameters
+
+
+COMPILE = r"""
+import os, sys
+os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90"); os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import fa4cache
+from fa4cache.adapters import transformers as fht
+from fa4cache.adapters.warm import fake_copy
+
+fht.register(max_documents=16)
+store = fa4cache.install()
+
+class Attn:  # what transformers hands the attention function
+    is_causal = True
+
+real_step_mask = fht.step_mask
+
+def step(lens, window):
+    T = sum(lens)
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    # The step's mask from real CPU position_ids (masks are built before faking), then
+    # the adapter's own call into fa4cache.attention and FA4, on fake CUDA tensors.
+    mask = real_step_mask(batch=1, seqlen=T, causal=True, window=window, position_ids=pos)
+    with FakeTensorMode(), torch.no_grad():
+        fake = fake_copy(mask)
+        fht.step_mask = lambda **kw: fake
+        q = torch.empty(1, 8, T, 64, dtype=torch.bfloat16, device="cuda")
+        kv = torch.empty(1, 2, T, 64, dtype=torch.bfloat16, device="cuda")
+        out, _ = fht.attention_forward(
+            Attn(), q, kv, kv, None, scaling=0.125, sliding_window=None if window is None else window + 1,
+            position_ids=pos,
+        )
+        assert tuple(out.shape) == (1, T, 8, 64)
+
+for lens in ([100, 200], [17, 1, 300, 5], [640]):
+    for window in (None, 63):
+        step(lens, window)
+store.counters.flush()
+print("RESULT", int(store.counters.values["compiles"]), int(store.counters.values["disk_hits"]))
+"""
+
+
+@pytest.mark.compile
+def test_fa4_kernels_compile_through_the_adapter_once(tmp_path: Any) -> None:
+    # Real FA4 forward kernels, cross-compiled for sm_90 through attention_forward: new
+    # lengths compile nothing; a second process loads them all.
+    def run() -> list[int]:
+        p = subprocess.run(
+            [sys.executable, "-c", COMPILE], cwd=ROOT, env=worker_env(tmp_path / "store"),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [int(x) for x in p.stdout.split("RESULT", 1)[1].split()]
+
+    compiles, hits = run()
+    assert compiles >= 2 and hits == 0  # causal and causal+window forward kernel sets
+    again, hits = run()
+    assert again == 0 and hits == compiles
