@@ -144,7 +144,7 @@ def test_a_second_process_compiles_nothing(tmp_path: Any) -> None:
     env = dict(
         os.environ,
         FA4CACHE_DIR=str(tmp_path / "store"),
-        PYTHONPATH=str(ROOT) + ":" + os.environ.get("PYTHONPATH", ""),
+        PYTHONPATH=os.environ.get("PYTHONPATH", "") + ":" + str(ROOT),
     )
     runs = []
     for _ in range(2):
