@@ -173,8 +173,13 @@ def step_mask(
 ) -> Any:
     """The document mask of one forward step, built once and reused by every layer
     (cached on the identity and version of the tensors it comes from)."""
+    import torch
+
     src = cu_seqlens if cu_seqlens is not None else (padding if padding is not None else position_ids)
-    key = (_key_of(src), batch, seqlen, causal, window, max_seqlen)
+    # A mask built outside a CUDA-graph capture must not be reused inside one: the graph
+    # would replay with that mask's buffers, never recomputing them for a new packing.
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    key = (_key_of(src), batch, seqlen, causal, window, max_seqlen, capturing)
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0]() is src:

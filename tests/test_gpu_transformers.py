@@ -102,13 +102,13 @@ def test_training_reduces_the_loss_and_compiles_once() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(0)
     torch.manual_seed(1)
-    # A learnable task: each document repeats one short random pattern.
+    # A learnable task: every document repeats the same short pattern.
     losses, compiles = [], []
+    pattern = torch.randint(0, cfg.vocab_size, (8,), device="cuda")
     for _ in range(20):
         lens = [rng.randint(16, 400) for _ in range(rng.randint(2, 8))]
         b = _packed(lens, cfg.vocab_size)
-        pattern = torch.randint(0, cfg.vocab_size, (8,), device="cuda")
-        ids = pattern.repeat(b["input_ids"].shape[1] // 8 + 1)[: b["input_ids"].shape[1]].view(1, -1)
+        ids = torch.cat([pattern.repeat(n // 8 + 1)[:n] for n in lens]).view(1, -1)
         out = model(input_ids=ids, position_ids=b["position_ids"], labels=ids)
         out.loss.backward()
         opt.step()
