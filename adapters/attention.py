@@ -1,12 +1,12 @@
 """``fa4cache.attention(q, k, v, mask)``: one call that takes the fastest exact path for a mask.
 
-* Per-document masks (every document mask: causal, bidirectional, window, prefix-LM) run
-  on FA4's varlen kernels: the documents become varlen sequences, so tiles follow each
-  document and none straddles a boundary. Causal, bidirectional and window masking are
-  FA4's own; prefix-LM is a document-local ``mask_mod``. ``[B, T, H, D]`` tensors are
-  viewed as ``[B * T, H, D]`` and back; autograd flows through FA4's varlen function.
-* Everything else (draft-block masks, custom templates) runs ``flash_attn_func`` with the
-  mask's block-sparse metadata, as ``flash_attn_func(q, k, v, **mask)`` does.
+* Causal, bidirectional and sliding-window document masks run on FA4's varlen kernels:
+  the documents become varlen sequences, so tiles follow each document and none
+  straddles a boundary, and the masking is FA4's own. ``[B, T, H, D]`` tensors are viewed
+  as ``[B * T, H, D]`` and back; autograd flows through FA4's varlen function.
+* Everything else runs ``flash_attn_func`` with the mask's block-sparse metadata, as
+  ``flash_attn_func(q, k, v, **mask)`` does: prefix-LM (measured faster there than as a
+  varlen ``mask_mod`` without block sparsity), draft-block masks, custom templates.
 
 No host sync on either path (``max_seqlen`` is used when the mask was given it), so the
 call can be captured in a CUDA graph with :class:`~fa4cache.DocumentMaskBuilder` masks.
@@ -48,7 +48,7 @@ def attention(
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
             )
-    if mask.varlen is None or dense:
+    if mask.varlen is None or not mask.varlen.preferred or dense:
         return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **mask))
     B, T = q.shape[:2]
     out = flash_attn_varlen_func(

@@ -6,7 +6,9 @@ sequences: the documents of every row, in order, over the ``B * T`` flattened to
 device without a host sync: ``cu_seqlens`` has a fixed capacity of documents (exact for
 ``cu_seqlens`` input), the unused tail repeats the total (empty sequences, which FA4's
 tile scheduler skips). Causal, bidirectional and window masks are FA4's own; prefix-LM is
-a ``mask_mod`` in document-local coordinates reading each document's prefix length.
+a ``mask_mod`` in document-local coordinates reading each document's prefix length (kept
+for callers of ``flash_attn_varlen_func``; :func:`fa4cache.attention` runs prefix-LM on the
+faster dense block-sparse path).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ class VarlenLayout:
     window_size: tuple[int | None, int | None]
     mask_mod: Any = None  # prefix-LM only
     aux_tensors: list[Any] | None = None
+    # Whether fa4cache.attention takes this path. Prefix-LM does not: FA4 varlen without
+    # block sparsity computes every tile of a document's square, and on an H200 the
+    # dense block-sparse path ran it in 0.45x the time (benchmarks/results/varlen_h200.md).
+    preferred: bool = True
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``flash_attn_varlen_func(q, k, v, **kwargs)`` on tokens
@@ -69,7 +75,9 @@ def layout(
     if prefix is not None:
         from .builtin_masks import document_prefix_mask
 
-        return VarlenLayout(cu, max_seqlen, False, (None, None), document_prefix_mask(), [prefix])
+        return VarlenLayout(
+            cu, max_seqlen, False, (None, None), document_prefix_mask(), [prefix], preferred=False
+        )
     if window is None:
         return VarlenLayout(cu, max_seqlen, causal, (None, None))
     return VarlenLayout(cu, max_seqlen, causal, (window, 0 if causal else window))
