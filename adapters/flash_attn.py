@@ -34,7 +34,7 @@ from fa4cache.secure_io import unlink_quiet
 from fa4cache.settings import Settings, setting
 from fa4cache.store import Artifact, Store
 
-from . import fa4_interval_masking
+from . import cross_compile, fa4_interval_masking
 from .artifacts import export, load_callable, summary
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 
@@ -76,7 +76,9 @@ class Installation:
                     arch = int(iface._get_device_arch())
                 except Exception:  # no GPU and no FLASH_ATTENTION_ARCH: record the arch as unknown
                     arch = None
-            tc = self._toolchain = toolchain(arch, tuple(self.codegen_patches.items()))
+            tc = self._toolchain = toolchain(
+                arch, tuple(self.codegen_patches.items()), num_sms=cross_compile.device_num_sms()
+            )
             self.store.record_toolchain(tc.id, tc.describe())
         return tc
 
@@ -172,6 +174,7 @@ def _prepare(inst: Installation, module: types.ModuleType) -> None:
 
         if setting("FA4CACHE_INTERVAL_MASKING") and fa4_interval_masking.enable():
             inst.codegen_patches[fa4_interval_masking.NAME] = fa4_interval_masking.source_digest()
+        cross_compile.answer_hardware_queries()
         inst.toolchain()
 
 

@@ -18,19 +18,28 @@ from typing import Any
 
 from fa4cache.runtime import record_spec
 from fa4cache.spec import ARCH_ENV, KernelSpec
+from fa4cache.tiles import parse_arch
+
+from .cross_compile import target_num_sms
 
 log = logging.getLogger(__name__)
 
 
-def set_cross_compile_env(arch: str = "sm_90", num_sms: int = 132) -> None:
+def set_cross_compile_env(arch: str = "sm_90", num_sms: int | None = None) -> None:
     """Environment FA4 needs to compile for ``arch`` on a machine without that GPU.
 
-    Must run before FA4 is imported (FA4 reads it at import). Existing values win.
+    Must run before FA4 is imported (FA4 reads it at import). The arch named here wins over
+    the environment's; the SM count is ``num_sms``, else ``FLASH_ATTENTION_NUM_SMS`` when it
+    was set for this same arch, else the arch's default (:data:`DEFAULT_NUM_SMS`).
     """
     fa_arch, dsl_arch = ARCH_ENV[arch]
-    os.environ.setdefault("FLASH_ATTENTION_ARCH", fa_arch)
-    os.environ.setdefault("CUTE_DSL_ARCH", dsl_arch)
-    os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", str(num_sms))
+    same_arch = parse_arch(os.environ.get("FLASH_ATTENTION_ARCH")) == parse_arch(fa_arch)
+    os.environ["FLASH_ATTENTION_ARCH"] = fa_arch
+    os.environ["CUTE_DSL_ARCH"] = dsl_arch
+    if num_sms is not None:
+        os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
+    elif not (same_arch and os.environ.get("FLASH_ATTENTION_NUM_SMS")):
+        os.environ["FLASH_ATTENTION_NUM_SMS"] = str(target_num_sms(parse_arch(fa_arch)))
 
 
 @dataclass(frozen=True)

@@ -356,6 +356,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
         )
         return 0
     cache_dir = str(_settings(args).cache_dir)
+    archs = sorted({s.arch.rstrip("a") for s in specs})
+    if len(archs) > 1:
+        # FA4 reads its target arch once, at import: one process compiles for one arch.
+        raise ConfigError(f"warm: one target arch per run, got {', '.join(archs)}; run warm once per arch")
     from .adapters.warm import set_cross_compile_env
 
     set_cross_compile_env(specs[0].arch)

@@ -46,7 +46,7 @@ def make_document_mask(
     prefix_lengths: Any = None,
     seqlen: int | None = None,
     block_sparse: bool = True,
-    sparse_tile: tuple[int, int] = (128, 128),
+    sparse_tile: tuple[int, int] | None = None,
     bwd_sparse_tile: tuple[int, int] | None = None,
     max_documents: int | None = None,
     max_seqlen: int | None = None,
@@ -64,8 +64,10 @@ def make_document_mask(
     * ``prefix_lengths``: per document, a bidirectional prefix (prefix-LM); shape
       ``[D]`` with ``cu_seqlens``, ``[B, max_documents]`` with ``document_ids``.
 
-    ``sparse_tile`` is FA4's block-sparse tile (query, key); ``bwd_sparse_tile``
-    optionally a finer one for the backward (default: ``sparse_tile``). On sm90 with head_dim 65-128
+    ``sparse_tile`` / ``bwd_sparse_tile`` are FA4's block-sparse tiles (query, key) for the
+    forward and the backward; by default the target arch's (:mod:`fa4cache.tiles`: sm_90
+    (128, 128) both ways, sm_100 (256, 128) and (128, 256)); a tile FA4 would reject is a
+    ``ValueError`` naming the valid sizes. On sm90 with head_dim 65-128
     FA4's backward tiles queries by 64, so ``(64, 128)`` is valid there; it is not the
     default because it is invalid for head_dim <= 64 (query tiles of 128) and on other
     archs, and three H200 runs put it between 1% slower and 5% faster. ``seqlen`` (the
@@ -185,13 +187,15 @@ def make_document_mask(
     fwd = bwd = None
     if block_sparse:
         from .blocksparse import block_sparse_tensors
+        from .tiles import resolve_tiles
 
+        tile, bwd_tile = resolve_tiles(sparse_tile, bwd_sparse_tile, device)
         fwd, bwd = block_sparse_tensors(
             *intervals,
             seqlen_q=total,
             seqlen_k=total,
-            block_size=sparse_tile,
-            bwd_block_size=bwd_sparse_tile,
+            block_size=tile,
+            bwd_block_size=bwd_tile,
         )
     name = (
         "document"

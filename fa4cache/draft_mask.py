@@ -14,7 +14,8 @@ def make_draft_block_mask(
     context_len: int,
     draft_block_size: int,
     block_sparse: bool = True,
-    sparse_tile: tuple[int, int] = (128, 128),
+    sparse_tile: tuple[int, int] | None = None,
+    bwd_sparse_tile: tuple[int, int] | None = None,
     validate: bool = True,
 ) -> AttentionMask:
     """Anchored draft-block mask for speculative-decoding draft training.
@@ -56,8 +57,12 @@ def make_draft_block_mask(
     fwd = bwd = None
     if block_sparse:
         from .blocksparse import block_sparse_tensors
+        from .tiles import resolve_tiles
 
-        fwd, bwd = block_sparse_tensors(*intervals, seqlen_q=T, seqlen_k=T, block_size=sparse_tile)
+        tile, bwd_tile = resolve_tiles(sparse_tile, bwd_sparse_tile, dev)
+        fwd, bwd = block_sparse_tensors(
+            *intervals, seqlen_q=T, seqlen_k=T, block_size=tile, bwd_block_size=bwd_tile
+        )
     return AttentionMask(
         draft_block_mask(draft_block_size=block_size, row_intervals=interval_masking_enabled()),
         aux,

@@ -69,6 +69,7 @@ class Toolchain:
     arch: int | None
     knobs: tuple[tuple[str, str], ...]
     patches: tuple[tuple[str, str], ...] = ()
+    num_sms: int | None = None
 
     def describe(self) -> dict[str, object]:
         return {
@@ -80,6 +81,7 @@ class Toolchain:
             "arch": self.arch,
             "knobs": dict(self.knobs),
             "patches": dict(self.patches),
+            "num_sms": self.num_sms,
         }
 
 
@@ -173,10 +175,14 @@ def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str
     )
 
 
-def toolchain(arch: int | None = None, patches: tuple[tuple[str, str], ...] = ()) -> Toolchain:
+def toolchain(
+    arch: int | None = None, patches: tuple[tuple[str, str], ...] = (), *, num_sms: int | None = None
+) -> Toolchain:
     """The current toolchain. ``arch`` defaults to the one named in the environment;
     ``patches`` are ``(name, source digest)`` of code-generation patches applied to FA4
-    in this process (a patched FA4 is another code generator)."""
+    in this process (a patched FA4 is another code generator); ``num_sms``: the SM count
+    persistent schedulers compile into their grid (the device's, or the cross-compile
+    target's)."""
     arch = arch if arch is not None else env_arch()
     versions = tuple((d, v) for d in DISTRIBUTIONS if (v := _version(d)) is not None)
     src = fa4_source_digest()
@@ -194,6 +200,7 @@ def toolchain(arch: int | None = None, patches: tuple[tuple[str, str], ...] = ()
             "arch": arch,
             "knobs": knobs,
             "patches": patches,
+            "num_sms": num_sms,
         },
         sort_keys=True,
     ).encode()
@@ -206,4 +213,5 @@ def toolchain(arch: int | None = None, patches: tuple[tuple[str, str], ...] = ()
         arch=arch,
         knobs=knobs,
         patches=patches,
+        num_sms=num_sms,
     )

@@ -34,7 +34,7 @@ class DocumentMaskBuilder:
         max_documents: int,
         causal: bool = True,
         window: int | None = None,
-        sparse_tile: tuple[int, int] = (128, 128),
+        sparse_tile: tuple[int, int] | None = None,
         bwd_sparse_tile: tuple[int, int] | None = None,
         block_sparse: bool = True,
         device: Any = "cuda",

@@ -33,6 +33,8 @@ ARCH_ENV = {
     "sm_90a": ("sm_90", "sm_90a"),
     "sm_100": ("sm_100", "sm_100a"),
     "sm_100a": ("sm_100", "sm_100a"),
+    "sm_103": ("sm_103", "sm_103a"),
+    "sm_103a": ("sm_103", "sm_103a"),
 }
 ARCHS = tuple(ARCH_ENV)
 

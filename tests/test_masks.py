@@ -83,7 +83,7 @@ def test_document_mask_matches_definition(seed: int, variant: str) -> None:
     causal = variant in ("causal", "window", "prefix")
     window = rng.randint(0, 9) if "window" in variant else None
     prefix = {d: rng.randint(0, 8) for d in range(n_docs)} if variant == "prefix" else None
-    kw: dict[str, Any] = {"causal": causal, "window": window, "sparse_tile": (8, 8)}
+    kw: dict[str, Any] = {"causal": causal, "window": window}
     if prefix is not None:
         kw["prefix_lengths"] = torch.tensor([prefix[d] for d in range(n_docs)])
     expected = brute_document(doc_of, causal, window, prefix)
@@ -114,7 +114,7 @@ def test_draft_block_mask_matches_definition(seed: int) -> None:
     ctx = rng.randint(1, 40)
     K = rng.randint(1, 5)
     anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)] for _ in range(2)])
-    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs, sparse_tile=(8, 8))
+    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs)
     T = ctx + K * bs
     for b in range(2):
         exp = torch.zeros(T, T, dtype=torch.bool)
@@ -157,19 +157,23 @@ def test_block_sparse_metadata_matches_brute_force(seed: int) -> None:
     kw: dict[str, Any] = {"causal": rng.random() < 0.7}
     if rng.random() < 0.4:
         kw["window"] = rng.randint(0, 40)
-    m = make_document_mask(document_ids=ids, sparse_tile=(bq, bk), **kw)
+    m = make_document_mask(document_ids=ids, block_sparse=False, **kw)
     exp_p, exp_f = brute_tiles(m.dense(), bq, bk)
     part, full = classify_tiles(*m.intervals, seqlen_q=T, seqlen_k=T, block_q=bq, block_k=bk)
+    # Tiles this small are for checking the classification only (FA4 needs 64 and up).
+    from fa4cache.blocksparse import block_sparse_tensors
+
+    fwd_t, bwd_t = block_sparse_tensors(*m.intervals, seqlen_q=T, seqlen_k=T, block_size=(bq, bk))
     # Document masks are monotone intervals: the closed form is exact.
     assert torch.equal(full, exp_f)
     assert torch.equal(part, exp_p)
-    fwd = m.block_sparse_tensors
+    fwd = fwd_t
     for i in range(part.shape[1]):
         cnt = int(fwd.mask_block_cnt[0, 0, i])
         assert fwd.mask_block_idx[0, 0, i, :cnt].tolist() == torch.nonzero(part[0, i]).flatten().tolist()
         fcnt = int(fwd.full_block_cnt[0, 0, i])
         assert fwd.full_block_idx[0, 0, i, :fcnt].tolist() == torch.nonzero(full[0, i]).flatten().tolist()
-    bwd = m.block_sparse_tensors_bwd
+    bwd = bwd_t
     for j in range(part.shape[2]):
         cnt = int(bwd.mask_block_cnt[0, 0, j])
         assert bwd.mask_block_idx[0, 0, j, :cnt].tolist() == torch.nonzero(part[0, :, j]).flatten().tolist()
@@ -182,7 +186,7 @@ def test_draft_block_metadata_is_safe(seed: int) -> None:
     rng = random.Random(seed)
     ctx, K, bs = rng.randint(8, 100), rng.randint(1, 6), rng.choice([4, 8, 16])
     anchors = torch.tensor([[rng.randrange(ctx) for _ in range(K)]])
-    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs, sparse_tile=(16, 16))
+    m = make_draft_block_mask(anchors, context_len=ctx, draft_block_size=bs, block_sparse=False)
     exp_p, exp_f = brute_tiles(m.dense(), 16, 16)
     part, full = classify_tiles(*m.intervals, seqlen_q=m.seqlen, seqlen_k=m.seqlen, block_q=16, block_k=16)
     assert not (full & ~exp_f).any()
