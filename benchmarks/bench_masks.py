@@ -14,16 +14,7 @@ import os
 import random
 from typing import Any
 
-from common import save, table
-
-
-def doc_lengths(total: int, rng: random.Random) -> list[int]:
-    out, left = [], total
-    while left > 0:
-        n = min(left, rng.randint(256, 4096))
-        out.append(n)
-        left -= n
-    return out
+from common import doc_lengths, save, table
 
 
 def main() -> None:

@@ -15,16 +15,7 @@ import argparse
 import random
 from typing import Any
 
-from common import save, table
-
-
-def doc_lengths(total: int, rng: random.Random, lo: int = 512, hi: int = 8192) -> list[int]:
-    out, left = [], total
-    while left > 0:
-        n = min(left, rng.randint(lo, hi))
-        out.append(n)
-        left -= n
-    return out
+from common import doc_lengths, save, table
 
 
 def main() -> None:
@@ -62,7 +53,7 @@ def main() -> None:
     for T in a.lengths:
         for B in (1, 2):
             rng = random.Random(T * 10 + B)
-            rows = [doc_lengths(T, rng) for _ in range(B)]
+            rows = [doc_lengths(T, rng, 512, 8192) for _ in range(B)]
             lens = [n for r in rows for n in r]
             maxlen = max(lens)
             cu_all = torch.tensor(
@@ -112,7 +103,7 @@ def main() -> None:
     H = 16
     for T in a.other_lengths:
         rng = random.Random(T + 5)
-        lens = doc_lengths(T, rng)
+        lens = doc_lengths(T, rng, 512, 8192)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         maxlen = max(lens)
         q, k, v = (

@@ -37,6 +37,16 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def doc_lengths(total: int, rng: Any, lo: int = 256, hi: int = 4096) -> list[int]:
+    """Random document lengths in [lo, hi] that add up to ``total`` (the last one shorter)."""
+    out, left = [], total
+    while left > 0:
+        n = min(left, rng.randint(lo, hi))
+        out.append(n)
+        left -= n
+    return out
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     def fmt(x: Any) -> str:
         if isinstance(x, float):

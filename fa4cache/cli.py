@@ -137,19 +137,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .secure_io import my_uid, read_checked
-    from .sidecar import MAX_SIDECAR_BYTES, Sidecar
-
     store = _store(args)
     rows = []
     for e in store.layout.iter_entries(kind=args.kind):
-        try:
-            raw = read_checked(
-                store.layout.sidecar_path(e.ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
-            )
-            side = Sidecar.parse(raw, e.ref)
-        except (OSError, ValueError, Fa4CacheError):
-            side = None
+        side = store.read_sidecar(e.ref)
         use = store.read_use(e.ref)
         rows.append(
             {
@@ -296,8 +287,6 @@ def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
 
 
 def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
-    from .secure_io import my_uid, read_checked
-    from .sidecar import MAX_SIDECAR_BYTES, Sidecar
     from .spec import KernelSpec
 
     # Every recorded spec, whatever its toolchain: what is already compiled for the
@@ -306,13 +295,7 @@ def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
     seen: dict[str, Any] = {}
     unreplayable = 0
     for e in store.layout.iter_entries():
-        try:
-            raw = read_checked(
-                store.layout.sidecar_path(e.ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
-            )
-            side = Sidecar.parse(raw, e.ref)
-        except (OSError, ValueError, Fa4CacheError):
-            side = None
+        side = store.read_sidecar(e.ref)
         spec = side.spec if side else None
         if not isinstance(spec, dict):
             unreplayable += 1

@@ -339,6 +339,16 @@ class Store:
         for tc in list(self._toolchains_used):
             self._mark_toolchain_used(tc)
 
+    def read_sidecar(self, ref: EntryRef) -> Sidecar | None:
+        """The local entry's sidecar if it is readable, trusted and well-formed, else None."""
+        try:
+            data = read_checked(
+                self.layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
+            )
+        except (OSError, ValueError, InsecurePath):
+            return None
+        return Sidecar.parse(data, ref)
+
     def read_use(self, ref: EntryRef) -> UseRecord | None:
         try:
             data = read_checked(
