@@ -109,13 +109,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"{k:<{w}}  {v}")
     if st["by_kind"]:
         print("\nBy kind:")
+        kw = max(14, *(len(k) + 2 for k in st["by_kind"]))
         print(
-            f"  {'kind':<14}{'entries':>8}{'size':>12}{'compiles':>10}{'disk hits':>11}{'mem hits':>10}{'mean compile':>14}"
+            f"  {'kind':<{kw}}{'entries':>8}{'size':>12}{'compiles':>10}{'disk hits':>11}{'mem hits':>10}{'mean compile':>14}"
         )
         for kind, v in st["by_kind"].items():
             mean = v.get("compile_seconds", 0) / v["compiles"] if v.get("compiles") else None
             print(
-                f"  {kind:<14}{v.get('entries', 0):>8}{_human(v.get('bytes', 0)):>12}{int(v.get('compiles', 0)):>10}"
+                f"  {kind:<{kw}}{v.get('entries', 0):>8}{_human(v.get('bytes', 0)):>12}{int(v.get('compiles', 0)):>10}"
                 f"{int(v.get('disk_hits', 0)):>11}{int(v.get('memory_hits', 0)):>10}"
                 f"{('-' if mean is None else f'{mean:.2f} s'):>14}"
             )
