@@ -60,19 +60,8 @@ def _fake_like(t: Any) -> Any:
 
 
 def _fake_mask(mask: Any) -> dict[str, Any]:
-    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
-
-    def bs(x: Any) -> Any:
-        if x is None:
-            return None
-        return BlockSparseTensorsTorch(*(_fake_like(v) if hasattr(v, "stride") else v for v in x))
-
-    return {
-        "mask_mod": mask.mask_mod,
-        "aux_tensors": [_fake_like(t) for t in mask.aux_tensors],
-        "block_sparse_tensors": bs(mask.block_sparse_tensors),
-        "block_sparse_tensors_bwd": bs(mask.block_sparse_tensors_bwd),
-    }
+    """``flash_attn_func`` keyword arguments of ``mask``, on fake CUDA tensors."""
+    return dict(fake_copy(mask))
 
 
 def fake_copy(mask: Any) -> Any:

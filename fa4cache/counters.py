@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 import socket
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InsecurePath
-from .secure_io import atomic_write, makedirs_private, my_uid, pid_alive, problem, read_checked
+from .secure_io import atomic_write, dir_problem, makedirs_private, only_me, pid_alive, read_checked
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +138,7 @@ def _load(path: Path) -> dict[str, Any] | None:
     """A counters file as a dict, or None if it is missing, not ours, not a regular
     file, too large or not well-formed JSON (never blocks on a FIFO, never follows a link)."""
     try:
-        data = read_checked(
-            path, max_bytes=_MAX_STATS_FILE, trusted=frozenset({my_uid()}), what="counters file"
-        )
+        data = read_checked(path, max_bytes=_MAX_STATS_FILE, trusted=only_me(), what="counters file")
         obj = json.loads(data, parse_constant=_reject_constant)
     except (OSError, ValueError, InsecurePath, RecursionError):
         return None
@@ -240,12 +237,9 @@ def check_stats_dir(stats_dir: Path) -> None:
     """Raise :class:`InsecurePath` unless ``stats_dir`` is a real directory of ours:
     compaction deletes and rewrites files there."""
     try:
-        st = os.lstat(stats_dir)
+        why = dir_problem(stats_dir, trusted=only_me(), what="stats directory")
     except FileNotFoundError:
         return
-    why = problem(st, stats_dir, trusted=frozenset({my_uid()}), what="stats directory")
-    if why is None and not stat.S_ISDIR(st.st_mode):
-        why = f"{stats_dir} is not a directory"
     if why:
         raise InsecurePath(why + "; not reading or writing counters there")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
-from .secure_io import my_uid, problem
+from .secure_io import dir_problem, only_me
 
 LAYOUT = "v2"
 TOOLCHAIN_FILE = "toolchain.json"
@@ -109,10 +109,9 @@ class Layout:
     def own_dir(self, path: Path) -> bool:
         """Whether ``path`` is a real directory (not a link) owned by us and private."""
         try:
-            st = os.lstat(path)
+            return dir_problem(path, trusted=only_me(), what="directory") is None
         except OSError:
             return False
-        return stat.S_ISDIR(st.st_mode) and problem(st, path, trusted=frozenset({my_uid()}), what="") is None
 
     def toolchains(self) -> list[str]:
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .layout import EntryInfo, EntryRef
 from .locks import release
-from .secure_io import NotRegularFile, clean_stale_tmp, my_uid, read_checked, unlink_quiet
+from .secure_io import NotRegularFile, clean_stale_tmp, only_me, read_checked, unlink_quiet
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
 from .store import Store
 
@@ -174,7 +174,7 @@ class VerifyReport:
 
 
 def _check_entry(store: Store, ref: EntryRef) -> str | None:
-    mine = frozenset({my_uid()})
+    mine = only_me()
     lay = store.layout
     side = Sidecar.parse(read_checked(lay.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=mine), ref)
     if side is None:

@@ -42,6 +42,11 @@ def my_uid() -> int:
     return os.getuid() if hasattr(os, "getuid") else 0
 
 
+def only_me() -> frozenset[int]:
+    """Trust for what this user's own store holds: files and directories of this uid only."""
+    return frozenset({my_uid()})
+
+
 def owners(extra: Iterable[int] = ()) -> frozenset[int]:
     """The uids whose files and directories we trust: ours, root's, and ``extra``."""
     return frozenset({my_uid(), 0, *extra})
@@ -57,6 +62,16 @@ def problem(st: os.stat_result, path: Path | str, *, trusted: frozenset[int], wh
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
         return f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def dir_problem(path: Path, *, trusted: frozenset[int], what: str) -> str | None:
+    """Why ``path`` is not a trusted real directory, or None. Raises OSError (e.g.
+    FileNotFoundError) when it cannot be looked at."""
+    st = os.lstat(path)
+    why = problem(st, path, trusted=trusted, what=what)
+    if why is None and not stat.S_ISDIR(st.st_mode):
+        why = f"{what} {path} is not a directory"
+    return why
 
 
 def check_chain(path: Path, *, trusted: frozenset[int] | None = None) -> None:
@@ -104,7 +119,7 @@ def makedirs_private(path: Path) -> Path:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
         raise InsecurePath(f"cache path {path} exists and is not a directory")
-    why = problem(st, path, trusted=frozenset({my_uid()}), what="cache directory")
+    why = problem(st, path, trusted=only_me(), what="cache directory")
     if why:
         raise InsecurePath(why)
     return path

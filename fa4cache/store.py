@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -23,17 +22,17 @@ from typing import Any
 
 from . import counters as _counters
 from .errors import InsecurePath
-from .layout import TOOLCHAIN_FILE, EntryRef, Layout
+from .layout import LAYOUT, TOOLCHAIN_FILE, EntryRef, Layout
 from .locks import KeyLocks, release
 from .secure_io import (
     NotRegularFile,
     atomic_write,
     check_chain,
+    dir_problem,
     fsync_dir,
     makedirs_private,
-    my_uid,
+    only_me,
     owners,
-    problem,
     read_checked,
     tmp_name,
     unlink_quiet,
@@ -93,7 +92,7 @@ class Store:
         try:
             check_chain(self.root.parent)
             makedirs_private(self.root)
-            for sub in ("locks", "quarantine", "stats", "v2"):
+            for sub in ("locks", "quarantine", "stats", LAYOUT):
                 makedirs_private(self.root / sub)
         except InsecurePath as e:
             fallback = default_dir()
@@ -122,10 +121,7 @@ class Store:
     def _usable_base(self, path: Path) -> Path | None:
         try:
             check_chain(path, trusted=self._base_trust)
-            st = os.lstat(path)
-            why = problem(st, path, trusted=self._base_trust, what="base store")
-            if why is None and not stat.S_ISDIR(st.st_mode):
-                why = f"base store {path} is not a directory"
+            why = dir_problem(path, trusted=self._base_trust, what="base store")
         except InsecurePath as e:
             why = str(e)
         except OSError as e:
@@ -200,19 +196,14 @@ class Store:
         """True when the entry's directories exist and are trusted, None when one is
         missing, False (counted, warned) when one is not trusted."""
         d = root
-        for part in ("v2", ref.toolchain, ref.kind):
+        for part in (LAYOUT, ref.toolchain, ref.kind):
             d = d / part
             if d in self._trusted_dirs:
                 continue
             try:
-                st = os.lstat(d)
-            except FileNotFoundError:
+                why = dir_problem(d, trusted=trusted, what="directory")
+            except OSError:  # missing (or unreadable): a miss
                 return None
-            except OSError:
-                return None
-            why = problem(st, d, trusted=trusted, what="directory")
-            if why is None and not stat.S_ISDIR(st.st_mode):
-                why = f"{d} is not a directory"
             if why:
                 self._refuse(ref, why)
                 return False
@@ -220,7 +211,7 @@ class Store:
         return True
 
     def _load_from(self, ref: EntryRef, root: Path, is_base: bool) -> Artifact | None:
-        trusted = self._base_trust if is_base else frozenset({my_uid()})
+        trusted = self._base_trust if is_base else only_me()
         if not self._dirs_trusted(ref, root, trusted):
             return None
         layout = Layout(root)
@@ -275,7 +266,7 @@ class Store:
             return None  # being republished (or unlockable): a miss, not a verdict
         try:
             try:
-                return self._read_entry(self.layout, ref, frozenset({my_uid()}), False)
+                return self._read_entry(self.layout, ref, only_me(), False)
             except FileNotFoundError:
                 return None
             except _Integrity as e:
@@ -342,9 +333,7 @@ class Store:
     def read_sidecar(self, ref: EntryRef) -> Sidecar | None:
         """The local entry's sidecar if it is readable, trusted and well-formed, else None."""
         try:
-            data = read_checked(
-                self.layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=frozenset({my_uid()})
-            )
+            data = read_checked(self.layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=only_me())
         except (OSError, ValueError, InsecurePath):
             return None
         return Sidecar.parse(data, ref)
@@ -352,7 +341,7 @@ class Store:
     def read_use(self, ref: EntryRef) -> UseRecord | None:
         try:
             data = read_checked(
-                self.layout.use_path(ref), max_bytes=4096, trusted=frozenset({my_uid()}), what="use record"
+                self.layout.use_path(ref), max_bytes=4096, trusted=only_me(), what="use record"
             )
         except (OSError, ValueError):
             return None
@@ -415,7 +404,7 @@ class Store:
         """
         try:
             data = read_checked(
-                staged, max_bytes=MAX_ARTIFACT_BYTES, trusted=frozenset({my_uid()}), what="staged artifact"
+                staged, max_bytes=MAX_ARTIFACT_BYTES, trusted=only_me(), what="staged artifact"
             )
             if not data:
                 raise OSError(f"exporter wrote an empty file {staged}")
