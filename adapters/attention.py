@@ -1,12 +1,14 @@
 """``fa4cache.attention(q, k, v, mask)``: one call that takes the fastest exact path for a mask.
 
-* Causal, bidirectional and sliding-window document masks run on FA4's varlen kernels:
-  the documents become varlen sequences, so tiles follow each document and none
-  straddles a boundary, and the masking is FA4's own. ``[B, T, H, D]`` tensors are viewed
-  as ``[B * T, H, D]`` and back; autograd flows through FA4's varlen function.
+* Document masks run on FA4's varlen kernels: the documents become varlen sequences, so
+  tiles follow each document and none straddles a boundary, and the masking is FA4's
+  own (no ``mask_mod``). ``[B, T, H, D]`` tensors are viewed as ``[B * T, H, D]`` and
+  back. Causal, bidirectional and sliding-window masks are one call through FA4's
+  varlen function; prefix-LM is two calls with disjoint query rows (the prefix
+  bidirectional, the rest causal over the whole document, see :mod:`fa4cache.varlen`).
 * Everything else runs ``flash_attn_func`` with the mask's block-sparse metadata, as
-  ``flash_attn_func(q, k, v, **mask)`` does: prefix-LM (measured faster there than as a
-  varlen ``mask_mod`` without block sparsity), draft-block masks, custom templates.
+  ``flash_attn_func(q, k, v, **mask)`` does: draft-block masks (a 16-token draft block
+  would fill a 128-row varlen tile alone), custom templates.
 
 No host sync on either path (``max_seqlen`` is used when the mask was given it), so the
 call can be captured in a CUDA graph with :class:`~fa4cache.DocumentMaskBuilder` masks.
@@ -48,15 +50,15 @@ def attention(
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
             )
-    if mask.varlen is None or not mask.varlen.preferred or dense:
+    if mask.varlen is None or dense:
         return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **mask))
     B, T = q.shape[:2]
-    out = flash_attn_varlen_func(
-        q.reshape(B * T, *q.shape[2:]),
-        k.reshape(B * T, *k.shape[2:]),
-        v.reshape(B * T, *v.shape[2:]),
-        softmax_scale=softmax_scale,
-        **mask.varlen.kwargs(),
-    )
-    out = _first(out)
+    q2, k2, v2 = (t.reshape(B * T, *t.shape[2:]) for t in (q, k, v))
+    calls = mask.varlen.calls
+    if len(calls) == 1:
+        out = _first(flash_attn_varlen_func(q2, k2, v2, softmax_scale=softmax_scale, **mask.varlen.kwargs()))
+    else:
+        from .varlen_calls import attention as varlen_calls
+
+        out = varlen_calls(q2, k2, v2, calls, softmax_scale)
     return out.view(B, T, *out.shape[1:])

@@ -65,10 +65,19 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
         raise ValueError(f"max_documents: expected a positive int, got {max_documents!r}")
     _options["max_documents"] = max_documents
     fa4cache.install()
-    AttentionInterface.register(NAME, attention_forward)
+    AttentionInterface.register(NAME, _outside_compiled_graphs(attention_forward))
     AttentionMaskInterface.register(NAME, padding_mask)
     if fix_flash_attention_4:
         _fix_flash_attention_4()
+
+
+def _outside_compiled_graphs(fn: Any) -> Any:
+    """Under ``torch.compile`` the attention runs eagerly between compiled graphs (one
+    graph break per layer): FA4's Python interface and the step-mask cache are not
+    traceable, and the rest of the layer still compiles and fuses."""
+    import torch
+
+    return functools.wraps(fn)(torch.compiler.disable(fn, recursive=True))
 
 
 def padding_mask(

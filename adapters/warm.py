@@ -78,13 +78,7 @@ def fake_copy(mask: Any) -> Any:
             else BlockSparseTensorsTorch(*(_fake_like(v) if hasattr(v, "stride") else v for v in x))
         )
 
-    varlen = mask.varlen
-    if varlen is not None:
-        varlen = dataclasses.replace(
-            varlen,
-            cu_seqlens=_fake_like(varlen.cu_seqlens),
-            aux_tensors=None if varlen.aux_tensors is None else [_fake_like(t) for t in varlen.aux_tensors],
-        )
+    varlen = None if mask.varlen is None else mask.varlen.map_tensors(_fake_like)
     return dataclasses.replace(
         mask,
         aux_tensors=[_fake_like(t) for t in mask.aux_tensors],
@@ -96,28 +90,18 @@ def fake_copy(mask: Any) -> Any:
 
 def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool) -> None:
     """What ``fa4cache.attention`` runs for ``mask`` on its varlen path, on fake CUDA
-    tensors (call inside ``FakeTensorMode``): the forward, then the backward by calling
-    FA4's ``_flash_attn_bwd`` as its autograd function does."""
+    tensors (call inside ``FakeTensorMode``, where autograd cannot run): the forward, then
+    the backward by calling FA4's ``_flash_attn_bwd`` as the autograd functions do."""
     import torch
-    from flash_attn.cute import interface as fi
 
-    kw = mask.varlen.kwargs()
-    kw["cu_seqlens_q"] = kw["cu_seqlens_k"] = _fake_like(kw["cu_seqlens_q"])
-    if "aux_tensors" in kw:
-        kw["aux_tensors"] = [_fake_like(t) for t in kw["aux_tensors"]]
-    left, right = kw.pop("window_size")
+    from . import varlen_calls
+
     B, T = q.shape[:2]
     q2, k2, v2 = (t.reshape(B * T, *t.shape[2:]) for t in (q, k, v))
-    out, lse, *_ = fi._flash_attn_fwd(
-        q2, k2, v2, return_lse=True, window_size_left=left, window_size_right=right, **kw
-    )
+    calls = mask.varlen.map_tensors(_fake_like).calls
+    out, lse = varlen_calls.forward(q2, k2, v2, calls, None)
     if backward:
-        bwd = {n: kw[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
-        fi._flash_attn_bwd(
-            q2, k2, v2, out, torch.empty_like(out), lse, None, kw["causal"],
-            window_size_left=left, window_size_right=right,
-            mask_mod=kw.get("mask_mod"), aux_tensors=kw.get("aux_tensors"), **bwd,
-        )  # fmt: skip
+        varlen_calls.backward(q2, k2, v2, out, torch.empty_like(out), lse, calls, None)
 
 
 def build_mask(spec: KernelSpec) -> Any | None:

@@ -20,12 +20,45 @@ from typing import Any
 from common import save, table
 
 
+def profile_step(model: Any, ids: Any, pos: Any, tag: str) -> None:
+    """One step under torch.profiler: the kernels that take the GPU time, and how much of
+    the step's wall time the GPU was busy (saved as results/transformers_profile_<tag>.txt)."""
+    import os
+    from pathlib import Path
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+        loss.backward()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    text = (
+        f"step wall {wall * 1e3:.1f} ms (under the profiler), GPU kernel time {gpu_us / 1e3:.1f} ms\n\n"
+        + events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+    )
+    out = Path(os.environ.get("FA4CACHE_RESULTS", Path(__file__).resolve().parent / "results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"transformers_profile_{tag}.txt").write_text(text)
+    print(f"profile {tag}: wall {wall * 1e3:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
     p.add_argument("--impls", nargs="+", default=["fa4cache", "sdpa", "flex_attention"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (every implementation)")
+    p.add_argument(
+        "--profile", action="store_true", help="also profile one step per implementation (top CUDA kernels)"
+    )
     a = p.parse_args()
 
     import torch
@@ -61,18 +94,21 @@ def main() -> None:
                     cfg, attn_implementation=impl, dtype=torch.bfloat16
                 ).cuda()
                 model.train()
+                step_fn = torch.compile(model) if a.compile else model
                 params = sum(x.numel() for x in model.parameters())
                 times = []
                 for step in range(2 + a.steps):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+                    loss = step_fn(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
                     loss.backward()
                     torch.cuda.synchronize()
                     if step >= 2:
                         times.append(time.perf_counter() - t0)
                     model.zero_grad(set_to_none=True)
                 t = sorted(times)[len(times) // 2]
+                if a.profile:
+                    profile_step(step_fn, ids, pos, f"{impl}_{T}" + ("_compiled" if a.compile else ""))
                 results[impl] = {"seconds": t, "tokens_per_s": T / t, "loss": float(loss)}
             except torch.OutOfMemoryError:
                 results[impl] = {"error": "out of memory"}
@@ -90,21 +126,31 @@ def main() -> None:
             ratio = f"{r['tokens_per_s'] / best:.2f}x" if best and impl == "fa4cache" else ""
             rows.append([T, len(lens), impl, f"{r['seconds'] * 1e3:.1f}", f"{r['tokens_per_s']:.0f}", ratio])
         data["runs"].append({"tokens": T, "documents": len(lens), "results": results})
-    data["parameters"] = params
-    save(
-        "transformers_h200",
-        f"transformers training step, random-init Qwen3-style model ({(params or 0) / 1e9:.2f}B parameters)",
-        [
-            (
-                "Forward+backward of one packed batch (median of timed steps; x: fa4cache over the faster of sdpa and flex)",
-                table(
-                    ["tokens", "documents", "attn_implementation", "step ms", "tokens/s", "vs best other"],
-                    rows,
-                ),
-            )
-        ],
-        data,
-    )
+        data["parameters"] = params
+        data["compiled"] = a.compile
+        mode = "torch.compile(model)" if a.compile else "eager"
+        save(  # after every length: a run cut short keeps what it measured
+            "transformers_compiled_h200" if a.compile else "transformers_h200",
+            f"transformers training step, random-init Qwen3-style model ({(params or 0) / 1e9:.2f}B parameters), {mode}",
+            [
+                (
+                    f"Forward+backward of one packed batch, {mode} (median of timed steps; x: fa4cache over "
+                    "the faster of sdpa and flex)",
+                    table(
+                        [
+                            "tokens",
+                            "documents",
+                            "attn_implementation",
+                            "step ms",
+                            "tokens/s",
+                            "vs best other",
+                        ],
+                        rows,
+                    ),
+                )
+            ],
+            data,
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import argparse
 import random
 from typing import Any
 
-from common import doc_lengths, save, table
+from common import doc_lengths, interleaved_ms, save, table
 
 
 def main() -> None:
@@ -41,8 +41,11 @@ def main() -> None:
     def first(x: Any) -> Any:
         return x[0] if isinstance(x, tuple) else x
 
-    def timed(fwd: Any, dout: Any) -> tuple[float, float]:
-        return bench(fwd), bench(lambda: fwd().backward(dout))
+    def fwd_bwd(fns: dict[str, tuple[Any, Any]]) -> dict[str, tuple[float, float]]:
+        """Forward and forward+backward ms of each (fwd, dout), interleaved (common.interleaved_ms)."""
+        f = interleaved_ms({n: fn for n, (fn, _) in fns.items()})
+        fb = interleaved_ms({n: (lambda fn=fn, d=d: fn().backward(d)) for n, (fn, d) in fns.items()})
+        return {n: (f[n], fb[n]) for n in fns}
 
     plain_rows: list[list[Any]] = []
     other_rows: list[list[Any]] = []
@@ -83,9 +86,8 @@ def main() -> None:
                     ours = lambda m=without: fa4cache.attention(q4, k4, v4, m)  # noqa: E731
                     ref = anchor().detach().float()
                     err = float((ours().detach().float().reshape(ref.shape) - ref).norm() / ref.norm())
-                    af, afb = timed(anchor, dout)
-                    mf, mfb = timed(ours_max, dout4)
-                    nf, nfb = timed(ours, dout4)
+                    t = fwd_bwd({"anchor": (anchor, dout), "max": (ours_max, dout4), "none": (ours, dout4)})
+                    (af, afb), (mf, mfb), (nf, nfb) = t["anchor"], t["max"], t["none"]
                     name = "causal" if causal else "bidirectional"
                     plain_rows.append([
                         T, B, f"{Hq}/{Hkv}", name, af, afb,
@@ -120,9 +122,7 @@ def main() -> None:
         anchor = lambda: first(flash_attn_varlen_func(  # noqa: E731
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen, causal=True
         ))  # fmt: skip
-        _, a_fb = timed(anchor, dout)
-        anchor_tflops = flops(causal_pairs) / (a_fb * 1e-3) / 1e12
-        other_rows.append([T, "FA4 varlen causal (anchor)", "-", a_fb, anchor_tflops, "100%", "", ""])
+        anchor_ms: list[float] = []
         prefix = torch.tensor([rng.randint(0, n // 2) for n in lens], device="cuda")
         window = 1024
         ctx = T // 2
@@ -145,6 +145,7 @@ def main() -> None:
                 ctx * (ctx + 1) / 2 + sum((x + 1 + 16) * 16 for x in anchors[0].tolist()),
             ),
         }
+        group_rows = []
         for name, (mask, pairs) in cases.items():
             tq, tk, tv, td = (q4, k4, v4, dout4)
             if mask.seqlen != T:  # the draft mask's own length
@@ -153,7 +154,6 @@ def main() -> None:
                     for _ in range(3)
                 )
                 td = torch.randn(1, mask.seqlen, H, D, device="cuda", dtype=torch.bfloat16)
-            dense = mask.dense()
             paths = {
                 "fa4cache.attention": lambda m=mask, a_=(tq, tk, tv): fa4cache.attention(*a_, m),
                 "dense block-sparse path": lambda m=mask, a_=(tq, tk, tv): first(flash_attn_func(*a_, **m)),
@@ -162,30 +162,64 @@ def main() -> None:
                 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
                 flex = torch.compile(flex_attention)
-                dq = dense[0]
+                # What a flex user writes: the mask from per-row tensors (here the mask's own
+                # key intervals), not a dense [T, T] lookup, which is slow and, past 2^31
+                # elements, indexes wrongly.
+                lo, hi = (x[0].contiguous() for x in mask.intervals)
 
-                def mod(b: Any, h: Any, qi: Any, ki: Any, dq: Any = dq) -> Any:
-                    return dq[qi, ki]
+                def mod(b: Any, h: Any, qi: Any, ki: Any, lo: Any = lo, hi: Any = hi) -> Any:
+                    keep = (ki >= lo[0, qi]) & (ki < hi[0, qi])
+                    for j in range(1, lo.shape[0]):
+                        keep = keep | ((ki >= lo[j, qi]) & (ki < hi[j, qi]))
+                    return keep
 
                 bm = create_block_mask(mod, 1, 1, mask.seqlen, mask.seqlen, device="cuda")
                 qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (tq, tk, tv))
                 paths["flex_attention"] = lambda bm=bm, a_=(qt, kt, vt): flex(*a_, block_mask=bm).transpose(
                     1, 2
                 )
-            got = {}
-            for path, fn in paths.items():
-                o = fn().detach().float()
-                ref = paths["fa4cache.attention"]().detach().float()
-                _, fb = timed(fn, td)
-                got[path] = (fb, float((o - ref).norm() / ref.norm()))
-            ours_fb = got["fa4cache.attention"][0]
-            for path, (fb, err) in got.items():
-                tf = flops(pairs) / (fb * 1e-3) / 1e12
-                other_rows.append([
+            ref = paths["fa4cache.attention"]().detach().float()
+            errs = {
+                path: float((fn().detach().float() - ref).norm() / ref.norm()) for path, fn in paths.items()
+            }
+            # Against a float32 reference too: agreement between methods alone would hide a
+            # shared error.
+            ours_err = float("nan")
+            if mask.seqlen <= 16384:  # per head, [T, T] in float32
+                dense = mask.dense()[0]
+                num = den = 0.0
+                for h in range(H):
+                    s_ = (tq[0, :, h].float() @ tk[0, :, h].float().t()) / D**0.5
+                    p_ = s_.masked_fill_(~dense, float("-inf")).softmax(-1)
+                    exact = p_ @ tv[0, :, h].float()
+                    num += float((ref[0, :, h] - exact).norm() ** 2)
+                    den += float(exact.norm() ** 2)
+                    del s_, p_, exact
+                ours_err = (num / den) ** 0.5
+                del dense
+            t = interleaved_ms(
+                {"anchor": lambda: anchor().backward(dout)}
+                | {path: (lambda fn=fn, d=td: fn().backward(d)) for path, fn in paths.items()}
+            )
+            anchor_ms.append(t["anchor"])
+            anchor_tflops = flops(causal_pairs) / (t["anchor"] * 1e-3) / 1e12
+            for path in paths:
+                tf = flops(pairs) / (t[path] * 1e-3) / 1e12
+                group_rows.append([
                     T, f"{name}: {path}", "varlen" if (path == "fa4cache.attention" and mask.varlen is not None) else "dense",
-                    fb, tf, f"{100 * tf / anchor_tflops:.0f}%", f"{fb / ours_fb:.2f}x", f"{err:.1e}",
+                    t[path], tf, f"{100 * tf / anchor_tflops:.0f}%", f"{t[path] / t['fa4cache.attention']:.2f}x",
+                    f"{errs[path]:.1e}", f"{ours_err:.1e}" if path == "fa4cache.attention" else "",
                 ])  # fmt: skip
-            data["other"].append({"T": T, "mask": name, "fwd_bwd_ms": {k_: v_[0] for k_, v_ in got.items()}})
+            data["other"].append(
+                {"T": T, "mask": name, "fwd_bwd_ms": {k_: t[k_] for k_ in t}, "rel_err_vs_ours": errs,
+                 "ours_rel_err_vs_fp32": ours_err}
+            )  # fmt: skip
+        a_ms = sorted(anchor_ms)[len(anchor_ms) // 2]
+        other_rows.append(
+            [T, "FA4 varlen causal (anchor, median of the groups)", "-", a_ms,
+             flops(causal_pairs) / (a_ms * 1e-3) / 1e12, "100%", "", "", ""]
+        )  # fmt: skip
+        other_rows.extend(group_rows)
         builder = DocumentMaskBuilder(T, max_documents=len(lens) + 8, block_sparse=False)
         builder(cu)
         meta_rows.append([T, "DocumentMaskBuilder (varlen layout only)", bench(lambda: builder(cu))])
@@ -198,7 +232,7 @@ def main() -> None:
     sections = [
         (
             "Plain document masks through fa4cache.attention (% of FA4 varlen throughput; "
-            "anchor median ms)",
+            "anchor median ms; interleaved timing, common.interleaved_ms)",
             table(
                 ["tokens/row", "B", "heads q/kv", "mask", "varlen fwd ms", "varlen fwd+bwd ms",
                  "fwd, max_seqlen given", "fwd+bwd, max_seqlen given", "fwd, no max_seqlen",
@@ -208,9 +242,9 @@ def main() -> None:
         ),
         (
             "Other masks, forward+backward: useful TFLOP/s vs FA4 varlen causal in the same run "
-            "(x: time relative to fa4cache.attention)",
+            "(x: time relative to fa4cache.attention; interleaved timing, common.interleaved_ms)",
             table(["tokens", "mask: method", "path", "fwd+bwd ms", "useful TFLOP/s", "vs varlen causal",
-                   "time vs ours", "rel err"], other_rows),
+                   "time vs ours", "rel err vs ours", "ours: rel err vs fp32"], other_rows),
         ),
         ("Metadata (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
     ]  # fmt: skip

@@ -47,6 +47,38 @@ def doc_lengths(total: int, rng: Any, lo: int = 256, hi: int = 4096) -> list[int
     return out
 
 
+def interleaved_ms(fns: dict[str, Any], rounds: int = 7, budget_ms: float = 40.0) -> dict[str, float]:
+    """Median milliseconds per call of each function, timed as a training loop runs them:
+    back-to-back calls between two CUDA events (the host queues ahead, so its overhead
+    hides behind the GPU unless it is the bottleneck), in ``rounds`` rounds that alternate
+    the functions, so that clock and thermal drift fall on all of them alike."""
+    import torch
+
+    iters = {}
+    for name, fn in fns.items():  # warm up, and size each round to about budget_ms
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        per = (time.perf_counter() - t0) * 1e3 / 5
+        iters[name] = max(3, min(200, int(budget_ms / max(per, 1e-3))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(iters[name]):
+                fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / iters[name])
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     def fmt(x: Any) -> str:
         if isinstance(x, float):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU run, on the lent H200 machine (two GPUs for the Ray part).
-# Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART
+# Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART [PART ...]
 #   PART=tests   GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two;
 #                GPU_TESTS_K=expr selects GPU tests as pytest -k does)
 #   PART=store   store benchmark + Ray benchmark
@@ -10,7 +10,9 @@
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+parts=" ${*:-all} "
 part=${1:-all}
+has() { [[ $parts == *" $1 "* || $parts == *" all "* ]]; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/out}
 mkdir -p "$out"
@@ -31,36 +33,36 @@ fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
-if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = fuzz ] || [ "$part" = all ]; then
+if has tests || has pytest || has fuzz; then
   # The mask fuzz test: 8 shards in 8 processes (the kernels compile once, single-flight, in the store).
   start=$(date +%s)
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
      -o addopts="" -m gpu -n 8 "$repo/tests/test_gpu_fuzz.py" 2>&1 | tee "$res/gpu_fuzz.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" | head -80 | tee -a "$out/run.log")
   echo "fuzz wall time: $(( $(date +%s) - start )) s" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
 fi
-if [ "$part" = tests ] || [ "$part" = pytest ] || [ "$part" = all ]; then
+if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
      -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" "$repo/tests/test_gpu_transformers.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
 fi
-if [ "$part" = tests ] || [ "$part" = masks ] || [ "$part" = all ]; then
+if has tests || has masks; then
   timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"
 fi
-if [ "$part" = transformers ] || [ "$part" = all ]; then
-  timeout 560 python3 benchmarks/bench_transformers.py 2>&1 | tail -30 | tee -a "$out/run.log"
+if has transformers; then
+  timeout 560 python3 benchmarks/bench_transformers.py ${TRANSFORMERS_ARGS:-} 2>&1 | tail -30 | tee -a "$out/run.log"
 fi
-if [ "$part" = varlen ] || [ "$part" = all ]; then
+if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"
 fi
-if [ "$part" = store ] || [ "$part" = all ]; then
+if has store; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"
 fi
-if [ "$part" = store ] || [ "$part" = ray ] || [ "$part" = all ]; then
+if has store || has ray; then
   if python3 -c "import ray" 2>"$res/ray_import.log"; then
     timeout 200 python3 benchmarks/bench_ray_gpu.py 2>&1 | tail -40 | tee -a "$out/run.log"
   else
     echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"; tail -5 "$res/ray_import.log" | tee -a "$out/run.log"
   fi
 fi
-tar -C "$res" -czf "$out/results-$part.tgz" . && ls "$res"
+tar -C "$res" -czf "$out/results-${part}.tgz" . && ls "$res"

@@ -88,17 +88,28 @@ def draft_block_mask(draft_block_size: int, row_intervals: bool = True) -> Calla
 
 
 @mask_template(name="fa4cache.document_prefix")
-def document_prefix_mask() -> Callable[..., Any]:
-    """Prefix-LM inside one varlen document: query ``m`` sees key ``n`` when ``n <= m`` or
-    ``n`` lies in the document's prefix (``aux_tensors[0][document]``). Document-local
+def document_prefix_mask(window: int | None = None) -> Callable[..., Any]:
+    """Prefix-LM inside one varlen document: a query inside the document's prefix
+    (``aux_tensors[0][document]`` tokens) sees the whole prefix; a query ``m`` after it
+    sees keys ``n <= m`` (and ``n >= m - window`` with a window). Document-local
     coordinates: FA4's varlen kernels pass the document as the batch index."""
     import cutlass
     import cutlass.cute as cute
     from flash_attn.cute import utils
 
-    @cute.jit
-    def prefix_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
-        plen = utils.scalar_to_ssa(aux_tensors[0][batch[0]], cutlass.Int32)
-        return (n_idx <= m_idx) | (n_idx < plen)
+    if window is None:
 
-    return prefix_mod
+        @cute.jit
+        def prefix_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+            plen = utils.scalar_to_ssa(aux_tensors[0][batch[0]], cutlass.Int32)
+            return (n_idx <= m_idx) | (n_idx < plen)
+
+        return prefix_mod
+
+    @cute.jit
+    def windowed_prefix_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):  # type: ignore[no-untyped-def]
+        plen = utils.scalar_to_ssa(aux_tensors[0][batch[0]], cutlass.Int32)
+        after = (n_idx <= m_idx) & (n_idx >= m_idx - window) & (m_idx >= plen)
+        return after | ((n_idx < plen) & (m_idx < plen))
+
+    return windowed_prefix_mod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -289,39 +290,81 @@ def test_the_fa4_masking_patch_is_part_of_the_toolchain() -> None:
     )
 
 
+def _seq_rows(cu: Any, used: Any, n: int) -> tuple[Any, Any]:
+    """Per flattened token: its sequence (-1 if none) and local index, FA4's reading of
+    ``cu_seqlens`` + ``seqused``."""
+    cu = cu.long()
+    lens = cu[1:] - cu[:-1] if used is None else used.long()
+    seq = torch.full((n,), -1, dtype=torch.long)
+    local = torch.zeros(n, dtype=torch.long)
+    for i in range(lens.numel()):
+        a, b = int(cu[i]), int(cu[i]) + int(lens[i])
+        assert b <= n and bool((seq[a:b] == -1).all()), "sequences of one call overlap"
+        seq[a:b] = i
+        local[a:b] = torch.arange(b - a)
+    return seq, local
+
+
+def _call_dense(call: Any, n: int) -> Any:
+    """The [n, n] (query, key) pairs one FA4 varlen call computes (bottom-right aligned)."""
+    sq, mq = _seq_rows(call.cu_seqlens_q, call.seqused_q, n)
+    sk, mk = _seq_rows(call.cu_seqlens_k, call.seqused_k, n)
+    lq = torch.bincount(sq[sq >= 0], minlength=call.cu_seqlens_q.numel())
+    lk = torch.bincount(sk[sk >= 0], minlength=call.cu_seqlens_k.numel())
+    shift = (lk - lq)[sq.clamp(min=0)].view(-1, 1)  # seqlen_k - seqlen_q of the query's sequence
+    m, k = mq.view(-1, 1) + shift, mk.view(1, -1)
+    keep = (sq.view(-1, 1) == sk.view(1, -1)) & (sq.view(-1, 1) >= 0)
+    left, right = call.window_size
+    if call.causal:
+        keep &= k <= m
+    if left is not None:
+        keep &= k >= m - left
+    if right is not None:
+        keep &= k <= m + right
+    return keep, sq >= 0
+
+
 def _varlen_dense(mask: Any) -> Any:
-    """The boolean [B, T, T] mask that FA4 varlen computes from ``mask.varlen``."""
+    """The boolean [B, T, T] mask that fa4cache.attention's FA4 varlen calls compute from
+    ``mask.varlen``; also checks that the calls' query rows are disjoint and cover every
+    token, and that the first call's keys cover every token (what the backward relies on)."""
+    B, T = mask.batch, mask.seqlen
+    n = B * T
+    full = torch.zeros(n, n, dtype=torch.bool)
+    rows = torch.zeros(n, dtype=torch.long)
+    for i, call in enumerate(mask.varlen.calls):
+        keep, has_rows = _call_dense(call, n)
+        full |= keep
+        rows += has_rows.long()
+        if i == 0:
+            assert bool((_seq_rows(call.cu_seqlens_k, call.seqused_k, n)[0] >= 0).all())
+    assert bool((rows == 1).all()), "every query row belongs to exactly one call"
+    return torch.stack([full[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
+
+
+def _single_call_dense(mask: Any) -> Any:
+    """The boolean [B, T, T] mask of ``mask.varlen_kwargs()`` (one flash_attn_varlen_func call)."""
     lay = mask.varlen
     B, T = mask.batch, mask.seqlen
-    cu = lay.cu_seqlens.long()
     n = B * T
-    pos = torch.arange(n)
-    doc = torch.searchsorted(cu[1:], pos, right=True)
-    start = cu[doc]
-    local = pos - start
-    same = doc.view(-1, 1) == doc.view(1, -1)
-    m, k = local.view(-1, 1), local.view(1, -1)
-    if lay.mask_mod is not None:  # prefix-LM: the document_prefix template's rule
-        plen = lay.aux_tensors[0].long()[doc].view(1, -1).expand(n, n)
-        keep = (k <= m) | (k < plen.t())
-    else:
-        left, right = lay.window_size
-        keep = torch.ones(n, n, dtype=torch.bool)
-        if lay.causal:
-            keep &= k <= m
-        if left is not None:
-            keep &= k >= m - left
-        if right is not None:
-            keep &= k <= m + right
-    full = same & keep
-    return torch.stack([full[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
+    if lay.mask_mod is None:
+        keep, _ = _call_dense(lay.calls[0], n)
+    else:  # prefix-LM: the document_prefix template's rule
+        seq, local = _seq_rows(lay.cu_seqlens, None, n)
+        plen = lay.aux_tensors[0].long()[seq].view(-1, 1)
+        m, k = local.view(-1, 1), local.view(1, -1)
+        window = lay.mask_mod.__fa4cache_mask__["spec"]["window"]
+        after = (k <= m) & (m >= plen) & (k >= (m - window if window is not None else 0))
+        keep = (seq.view(-1, 1) == seq.view(1, -1)) & (after | ((k < plen) & (m < plen)))
+    return torch.stack([keep[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_varlen_layout_is_the_same_mask(seed: int) -> None:
-    # fa4cache.attention runs document masks as FA4 varlen sequences: over random packings
+    # fa4cache.attention runs document masks as FA4 varlen calls: over random packings
     # (batch > 1, 1-token documents, tile-edge boundaries, every option, every input form)
-    # the sequences and their masking keep exactly the reference's (query, key) pairs.
+    # the calls and their masking keep exactly the reference's (query, key) pairs, and so
+    # does the single-call form of mask.varlen_kwargs().
     from tests.test_gpu_fuzz import build_mask, draw_case
 
     rng = random.Random(1000 + seed)
@@ -332,12 +375,29 @@ def test_varlen_layout_is_the_same_mask(seed: int) -> None:
             continue
         mask = build_mask(case, dev="cpu")
         assert mask.varlen is not None
-        got = _varlen_dense(mask)
-        assert torch.equal(got, mask.dense()), f"seed {seed}: {case}"
+        ref = mask.dense()
+        assert torch.equal(_varlen_dense(mask), ref), f"seed {seed}: {case}"
+        assert torch.equal(_single_call_dense(mask), ref), f"seed {seed}: {case}"
         # No sequence crosses a row, and the unused tail is empty.
         cu = mask.varlen.cu_seqlens.long()
         assert int(cu[-1]) == mask.batch * mask.seqlen and bool((cu[1:] >= cu[:-1]).all())
         checked += 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_windowed_prefix_lm_on_varlen(seed: int) -> None:
+    # Prefix-LM with a window (the fuzz draws none): prefixes of 0, inside, equal to and
+    # past the document's length.
+    rng = random.Random(seed)
+    for _ in range(10):
+        lens = [rng.choice([1, 2, 7, 64, 129, rng.randint(1, 300)]) for _ in range(rng.randint(1, 5))]
+        cu = torch.tensor([0, *itertools.accumulate(lens)])
+        prefix = torch.tensor([rng.choice([0, 1, n // 2, n, n + 5]) for n in lens])
+        window = rng.choice([0, 1, 5, 64])
+        mask = make_document_mask(cu, prefix_lengths=prefix, window=window)
+        ref = mask.dense()
+        assert torch.equal(_varlen_dense(mask), ref), (seed, lens, prefix.tolist(), window)
+        assert torch.equal(_single_call_dense(mask), ref), (seed, lens, prefix.tolist(), window)
 
 
 def test_varlen_needs_a_document_bound_without_validation() -> None:

@@ -112,6 +112,32 @@ def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form:
     assert calls["masks"] == 1, calls
 
 
+def test_a_compiled_model_trains_like_the_eager_one(adapter: Any) -> None:
+    # torch.compile: the attention runs eagerly between compiled graphs (a graph break per
+    # layer); logits and gradients match the eager model. aot_eager: the graph capture and
+    # autograd of torch.compile, without a C++ toolchain for the generated code.
+    fht, calls = adapter
+    cfg = _configs()["qwen3"]
+    eager, compiled = _model(cfg, "fa4cache").train(), _model(cfg, "fa4cache").train()
+    run = torch.compile(compiled, backend="aot_eager")
+    for seed in range(3):  # new packings of the same length: no recompiles, new masks
+        lens = _packing(seed) + [5]
+        lens[-1] += 40 - sum(lens[:-1]) - 5
+        ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
+        pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+        outs = []
+        for model, fn in ((eager, eager), (compiled, run)):
+            model.zero_grad()
+            # Its own position_ids: the step-mask cache would otherwise serve both models.
+            loss = fn(input_ids=ids, position_ids=pos.clone(), labels=ids).loss
+            loss.backward()
+            outs.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(outs[0][1], outs[1][1]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert calls["masks"] == 6, calls  # one per step and model
+
+
 def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
     cfg = _configs()["llama-gqa"]
     m = _model(cfg, "fa4cache")
