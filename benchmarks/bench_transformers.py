@@ -68,6 +68,14 @@ def main() -> None:
     import fa4cache
 
     fht.register()
+    # "null": attention that costs nothing (the output is the query). A step with it is the
+    # rest of the model alone: no attention implementation can beat flex by more than
+    # flex's step time over this one (the Amdahl bound of the speedup targets).
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register("null", lambda module, q, k, v, mask, **kw: (q.transpose(1, 2), None))
+    AttentionMaskInterface.register("null", fht.padding_mask)
     fa4cache.install()
     cfg = Qwen3Config(
         vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=a.layers,
@@ -117,13 +125,17 @@ def main() -> None:
             del model
             gc.collect()
             torch.cuda.empty_cache()
-        others = [r["tokens_per_s"] for k, r in results.items() if k != "fa4cache" and "tokens_per_s" in r]
+        others = [
+            r["tokens_per_s"]
+            for k, r in results.items()
+            if k not in ("fa4cache", "null") and "tokens_per_s" in r
+        ]
         best = max(others) if others else None
         for impl, r in results.items():
             if "error" in r:
                 rows.append([T, len(lens), impl, r["error"], "", ""])
                 continue
-            ratio = f"{r['tokens_per_s'] / best:.2f}x" if best and impl == "fa4cache" else ""
+            ratio = f"{r['tokens_per_s'] / best:.2f}x" if best and impl in ("fa4cache", "null") else ""
             rows.append([T, len(lens), impl, f"{r['seconds'] * 1e3:.1f}", f"{r['tokens_per_s']:.0f}", ratio])
         data["runs"].append({"tokens": T, "documents": len(lens), "results": results})
         data["parameters"] = params
@@ -135,7 +147,7 @@ def main() -> None:
             [
                 (
                     f"Forward+backward of one packed batch, {mode} (median of timed steps; x: fa4cache over "
-                    "the faster of sdpa and flex)",
+                    "the faster of sdpa and flex; null: attention that costs nothing, the bound on any speedup)",
                     table(
                         [
                             "tokens",
