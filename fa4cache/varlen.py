@@ -67,24 +67,33 @@ class VarlenCall:
 
 @dataclass(frozen=True)
 class VarlenLayout:
-    cu_seqlens: Any  # int32 [capacity + 1], over the flattened B * T tokens
-    max_seqlen: int | None  # the longest document, if the caller knows it (never synced for)
-    causal: bool
-    window_size: tuple[int | None, int | None]
     calls: tuple[VarlenCall, ...]  # what fa4cache.attention runs
-    mask_mod: Any = None  # the single-call form of prefix-LM (kwargs() only)
+    # The same attention as one flash_attn_varlen_func call (kwargs()): calls[0] itself for
+    # a one-call layout; for prefix-LM, the documents with mask_mod and aux_tensors.
+    single: VarlenCall
+    mask_mod: Any = None
     aux_tensors: list[Any] | None = None
+
+    @property
+    def cu_seqlens(self) -> Any:
+        """int32 ``[capacity + 1]``: the documents over the flattened ``B * T`` tokens."""
+        return self.single.cu_seqlens_q
+
+    @property
+    def window_size(self) -> tuple[int | None, int | None]:
+        return self.single.window_size
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for one ``flash_attn_varlen_func(q, k, v, **kwargs)`` call on
         tokens flattened to ``[B * T, heads, head_dim]``."""
+        c = self.single
         kw: dict[str, Any] = {
-            "cu_seqlens_q": self.cu_seqlens,
-            "cu_seqlens_k": self.cu_seqlens,
-            "max_seqlen_q": self.max_seqlen,
-            "max_seqlen_k": self.max_seqlen,
-            "causal": self.causal,
-            "window_size": self.window_size,
+            "cu_seqlens_q": c.cu_seqlens_q,
+            "cu_seqlens_k": c.cu_seqlens_k,
+            "max_seqlen_q": c.max_seqlen,
+            "max_seqlen_k": c.max_seqlen,
+            "causal": c.causal,
+            "window_size": c.window_size,
         }
         if self.mask_mod is not None:
             kw["mask_mod"] = self.mask_mod
@@ -95,8 +104,8 @@ class VarlenLayout:
         """A copy with every tensor replaced by ``fn(tensor)`` (fake copies for cross-compiling)."""
         return dataclasses.replace(
             self,
-            cu_seqlens=fn(self.cu_seqlens),
             calls=tuple(c.map_tensors(fn) for c in self.calls),
+            single=self.single.map_tensors(fn),
             aux_tensors=None if self.aux_tensors is None else [fn(t) for t in self.aux_tensors],
         )
 
@@ -135,7 +144,7 @@ def layout(
     win = _window(causal, window)
     if prefix is None:
         one = VarlenCall(cu, cu, causal, win, max_seqlen)
-        return VarlenLayout(cu, max_seqlen, causal, win, (one,))
+        return VarlenLayout((one,), one)
     from .builtin_masks import document_prefix_mask
 
     lengths = cu[1:] - cu[:-1]
@@ -145,11 +154,8 @@ def layout(
     after = VarlenCall(suffix_starts, cu, True, win, max_seqlen, seqused_q=lengths - plen)
     inside = VarlenCall(cu, cu, False, (None, None), max_seqlen, seqused_q=plen, seqused_k=plen)
     return VarlenLayout(
-        cu,
-        max_seqlen,
-        False,
-        (None, None),
         (after, inside),
+        VarlenCall(cu, cu, False, (None, None), max_seqlen),
         document_prefix_mask(window=window),
         [plen.contiguous()],
     )
