@@ -9,9 +9,13 @@ What it does, per forward step (the mask is built once and shared by every layer
 
 * **Packed batches** (``DataCollatorWithFlattening``): documents come from
   ``cu_seq_lens_q``/``cu_seqlens_q`` (either naming, with ``max_length_q``/``max_seqlen_q``)
-  or from ``position_ids`` that restart at each document; they run through
-  :func:`fa4cache.attention` on FA4's varlen kernels (per-document tiles). A 2-D padding
-  mask becomes documents too (padding never attends to text). No 4-D mask is ever built.
+  or from ``position_ids`` that restart at each document; they run on FA4's varlen
+  kernels (per-document tiles) through one custom op per layer
+  (:mod:`.packed_attention`). A 2-D padding mask becomes documents too (padding never
+  attends to text). No 4-D mask is ever built.
+* **torch.compile**: the op is opaque to the compiler, so the whole model compiles into
+  one graph (``fullgraph=True`` works) and fuses around the attention, with no recompile
+  for a new packing. Only a caller's own ``fa4cache_mask`` runs between graphs.
 * **Sliding windows** (Mistral, Qwen with ``use_sliding_window``): transformers' window of
   ``w`` keys is fa4cache's ``window=w - 1`` (the query itself plus ``w - 1`` earlier keys).
 * **Other masks**: a fa4cache mask passed as ``model(..., fa4cache_mask=mask)`` is used by
@@ -34,18 +38,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-import weakref
 from typing import Any
+
+from . import packed_attention
+from .step_mask import set_max_documents
 
 log = logging.getLogger(__name__)
 
 NAME = "fa4cache"
-_lock = threading.Lock()
-_options: dict[str, Any] = {"max_documents": None}
 _warned: set[str] = set()
-# The step's masks, keyed by the identity and version of the tensors they came from.
-_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = True) -> None:
@@ -61,23 +62,32 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
 
     import fa4cache
 
-    if max_documents is not None and (not isinstance(max_documents, int) or max_documents <= 0):
-        raise ValueError(f"max_documents: expected a positive int, got {max_documents!r}")
-    _options["max_documents"] = max_documents
+    set_max_documents(max_documents)
     fa4cache.install()
-    AttentionInterface.register(NAME, _outside_compiled_graphs(attention_forward))
+    packed_attention.op()
+    AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
     if fix_flash_attention_4:
         _fix_flash_attention_4()
 
 
-def _outside_compiled_graphs(fn: Any) -> Any:
-    """Under ``torch.compile`` the attention runs eagerly between compiled graphs (one
-    graph break per layer): FA4's Python interface and the step-mask cache are not
-    traceable, and the rest of the layer still compiles and fuses."""
-    import torch
+def _user_mask_attention(q: Any, k: Any, v: Any, mask: Any, scaling: float | None) -> Any:
+    """A caller's own fa4cache mask: :func:`fa4cache.attention`, which ``torch.compile``
+    runs eagerly between graphs (a mask object cannot enter a graph as an op input)."""
+    import fa4cache
 
-    return functools.wraps(fn)(torch.compiler.disable(fn, recursive=True))
+    return fa4cache.attention(q, k, v, mask, softmax_scale=scaling)
+
+
+_eager_user_mask_attention: list[Any] = []
+
+
+def _user_mask(q: Any, k: Any, v: Any, mask: Any, scaling: float | None) -> Any:
+    if not _eager_user_mask_attention:
+        import torch
+
+        _eager_user_mask_attention.append(torch.compiler.disable(_user_mask_attention, recursive=True))
+    return _eager_user_mask_attention[0](q, k, v, mask, scaling)
 
 
 def padding_mask(
@@ -129,13 +139,11 @@ def attention_forward(
 ) -> tuple[Any, None]:
     """transformers' attention signature: ``query`` ``[B, Hq, Tq, D]``, ``key``/``value``
     ``[B, Hkv, Tk, D]``; returns ``([B, Tq, Hq, D], None)``."""
-    import fa4cache
-
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     user_mask = kwargs.get("fa4cache_mask")
     if user_mask is not None:
-        return fa4cache.attention(q, k, v, user_mask, softmax_scale=scaling), None
+        return _user_mask(q, k, v, user_mask, scaling), None
     cu = _first_kwarg(kwargs, "cu_seq_lens_q", "cu_seqlens_q")
     why = None
     if q.shape[1] != k.shape[1]:
@@ -152,108 +160,33 @@ def attention_forward(
         )
         return _sdpa(q, k, v, attention_mask, scaling, sliding_window, causal), None
     window = sliding_window - 1 if sliding_window is not None and sliding_window < q.shape[1] else None
-    mask = step_mask(
-        batch=q.shape[0],
-        seqlen=q.shape[1],
-        causal=causal,
-        window=window,
-        cu_seqlens=cu,
-        max_seqlen=_host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q")),
-        position_ids=kwargs.get("position_ids"),
-        padding=attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None,
-    )
-    return fa4cache.attention(q, k, v, mask, softmax_scale=scaling), None
-
-
-def _key_of(t: Any) -> tuple[Any, ...]:
-    return (id(t), t._version) if t is not None else (None,)
-
-
-def step_mask(
-    *,
-    batch: int,
-    seqlen: int,
-    causal: bool,
-    window: int | None,
-    cu_seqlens: Any = None,
-    max_seqlen: int | None = None,
-    position_ids: Any = None,
-    padding: Any = None,
-) -> Any:
-    """The document mask of one forward step, built once and reused by every layer
-    (cached on the identity and version of the tensors it comes from)."""
-    import torch
-
-    src = cu_seqlens if cu_seqlens is not None else (padding if padding is not None else position_ids)
-    # A mask built outside a CUDA-graph capture must not be reused inside one: the graph
-    # would replay with that mask's buffers, never recomputing them for a new packing.
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    key = (_key_of(src), batch, seqlen, causal, window, max_seqlen, capturing)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0]() is src:
-            return hit[1]
-    mask = _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding)
-    with _lock:
-        if len(_cache) > 8:  # a step uses one or two (full and sliding layers)
-            _cache.clear()
-        if src is not None:
-            _cache[key] = (weakref.ref(src), mask)
-    return mask
-
-
-def _build(
-    batch: int,
-    seqlen: int,
-    causal: bool,
-    window: int | None,
-    cu: Any,
-    max_seqlen: int | None,
-    position_ids: Any,
-    padding: Any,
-) -> Any:
-    import torch
-
-    from fa4cache.masks import make_document_mask
-
-    opts: dict[str, Any] = {
-        "causal": causal,
-        "window": window,
-        "block_sparse": False,
-        "max_seqlen": max_seqlen,
-    }
     if cu is not None:
-        cu = cu.reshape(-1)
-        if batch == 1:
-            return make_document_mask(cu, seqlen=seqlen, validate=False, **opts)
-        # Offsets over the flattened batch: each row also starts a document.
-        pos = torch.arange(batch * seqlen, device=cu.device)
-        ids = torch.searchsorted(cu[1:].contiguous(), pos, right=True).view(batch, seqlen)
-        return make_document_mask(
-            document_ids=ids, validate=False, max_documents=cu.numel() - 1 + batch, **opts
-        )
-    if padding is not None:
-        # Padding is a document of its own at either end: text never sees it.
-        ids = padding.to(torch.int64).diff(dim=1, prepend=padding[:, :1].to(torch.int64)).ne(0).cumsum(1)
-        return make_document_mask(document_ids=ids, validate=False, max_documents=3 * batch, **opts)
-    if position_ids is None:
+        kind, source = "cu_seqlens", cu
+    elif attention_mask is not None:
+        kind, source = "padding", attention_mask
+    elif kwargs.get("position_ids") is not None:
+        kind, source = "position_ids", kwargs["position_ids"]
+    else:
         raise ValueError(
             "fa4cache attention: no position_ids, cu_seq_lens_q or attention mask to find documents in"
         )
-    pid = position_ids.expand(batch, seqlen)
-    starts = torch.ones_like(pid, dtype=torch.bool)
-    starts[:, 1:] = pid[:, 1:] != pid[:, :-1] + 1
-    ids = starts.cumsum(1)
-    limit = _options["max_documents"]
-    if limit is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise ValueError(
-                "fa4cache attention: CUDA-graph capture with documents from position_ids needs "
-                "fa4cache.adapters.transformers.register(max_documents=N), or cu_seq_lens_q in the batch "
-                "(DataCollatorWithFlattening(return_flash_attn_kwargs=True))"
-            )
-        limit = int(starts.sum())  # one sync per step: the mask is shared by every layer
-    return make_document_mask(document_ids=ids, validate=False, max_documents=limit, **opts)
+    # Under torch.compile a host int here would be a guard that recompiles per packing.
+    max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    if max_seqlen is None or _compiling():
+        max_seqlen = -1
+    out, _ = packed_attention.op()(
+        q, k, v, source, kind, causal,
+        packed_attention.NO_WINDOW if window is None else window,
+        scaling if scaling is not None else q.shape[-1] ** -0.5,
+        max_seqlen,
+    )  # fmt: skip
+    return out, None
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _sdpa(

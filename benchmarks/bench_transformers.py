@@ -1,12 +1,12 @@
 """A training step (forward + backward) of a random-init ~0.44B Qwen3-style model on packed
 batches, through transformers with attn_implementation "fa4cache", "sdpa" and "flex_attention".
 
-Same batches for every implementation: 16K and 64K tokens of random documents (128-4096
-tokens) in one packed row, position_ids restarting at each document (what
+Same batches for every implementation: 16K and 64K tokens of random documents (lengths
+uniform in --doc-range, 128-4096 tokens by default) in one packed row, position_ids restarting at each document (what
 DataCollatorWithFlattening produces), labels = input ids. Reports tokens/s (median of the
 timed steps after warm-up); an out-of-memory or other failure is reported as such.
 
-    python benchmarks/bench_transformers.py [--lengths 16384 65536]
+    python benchmarks/bench_transformers.py [--lengths 16384 65536] [--compile] [--doc-range 128 4096]
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (every implementation)")
     p.add_argument(
+        "--doc-range", type=int, nargs=2, default=[128, 4096], metavar=("MIN", "MAX"),
+        help="document lengths, uniform in [MIN, MAX] (the last one cut to fit)",
+    )  # fmt: skip
+    p.add_argument(
         "--profile", action="store_true", help="also profile one step per implementation (top CUDA kernels)"
     )
     a = p.parse_args()
@@ -81,6 +85,8 @@ def main() -> None:
         vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=a.layers,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1 << 17,
     )  # fmt: skip
+    docs = "" if a.doc_range == [128, 4096] else f"_docs{a.doc_range[0]}-{a.doc_range[1]}"
+    suffix = ("_compiled" if a.compile else "") + docs
     rows: list[list[Any]] = []
     data: dict[str, Any] = {"runs": []}
     params = None
@@ -88,7 +94,7 @@ def main() -> None:
         rng = random.Random(T)
         lens, left = [], T
         while left:
-            n = min(left, rng.randint(128, 4096))
+            n = min(left, rng.randint(*a.doc_range))
             lens.append(n)
             left -= n
         ids = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
@@ -116,7 +122,7 @@ def main() -> None:
                     model.zero_grad(set_to_none=True)
                 t = sorted(times)[len(times) // 2]
                 if a.profile:
-                    profile_step(step_fn, ids, pos, f"{impl}_{T}" + ("_compiled" if a.compile else ""))
+                    profile_step(step_fn, ids, pos, f"{impl}_{T}{suffix}")
                 results[impl] = {"seconds": t, "tokens_per_s": T / t, "loss": float(loss)}
             except torch.OutOfMemoryError:
                 results[impl] = {"error": "out of memory"}
@@ -140,10 +146,12 @@ def main() -> None:
         data["runs"].append({"tokens": T, "documents": len(lens), "results": results})
         data["parameters"] = params
         data["compiled"] = a.compile
+        data["doc_range"] = a.doc_range
         mode = "torch.compile(model)" if a.compile else "eager"
         save(  # after every length: a run cut short keeps what it measured
-            "transformers_compiled_h200" if a.compile else "transformers_h200",
-            f"transformers training step, random-init Qwen3-style model ({(params or 0) / 1e9:.2f}B parameters), {mode}",
+            f"transformers{'_compiled' if a.compile else ''}_h200{docs}",
+            f"transformers training step, random-init Qwen3-style model ({(params or 0) / 1e9:.2f}B parameters), "
+            f"{mode}, documents of {a.doc_range[0]}-{a.doc_range[1]} tokens",
             [
                 (
                     f"Forward+backward of one packed batch, {mode} (median of timed steps; x: fa4cache over "

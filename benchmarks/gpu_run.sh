@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU run, on the lent H200 machine (two GPUs for the Ray part).
 # Usage there, after the FA4 payload is installed:  bash benchmarks/gpu_run.sh PART [PART ...]
-#   PART=tests   GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two;
+#   PART=tests   fuzz + GPU tests + mask benchmark (PART=pytest or PART=masks: one of the two;
 #                GPU_TESTS_K=expr selects GPU tests as pytest -k does)
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
-#   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex)
+#   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
+#                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 parts=" ${*:-all} "
@@ -16,7 +17,9 @@ has() { [[ $parts == *" $1 "* || $parts == *" all "* ]]; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$repo/out}
 mkdir -p "$out"
-res=$(mktemp -d)
+# Results straight under $OUT: what a run cut short by the time limit measured still comes back.
+res=$out/results
+mkdir -p "$res"
 export FA4CACHE_RESULTS=$res
 site=/opt/fa4cache-site
 # Always reinstall: a warm machine may still hold the previous call's copy.
@@ -33,7 +36,7 @@ fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
-if has tests || has pytest || has fuzz; then
+if has tests || has fuzz; then
   # The mask fuzz test: 8 shards in 8 processes (the kernels compile once, single-flight, in the store).
   start=$(date +%s)
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
@@ -50,7 +53,12 @@ if has tests || has masks; then
   timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"
 fi
 if has transformers; then
-  timeout 560 python3 benchmarks/bench_transformers.py ${TRANSFORMERS_ARGS:-} 2>&1 | tail -30 | tee -a "$out/run.log"
+  # TRANSFORMERS_ARGS: the benchmark's options; several runs separated by ';'.
+  IFS=';' read -ra runs <<< "${TRANSFORMERS_ARGS:-}"
+  for args in "${runs[@]:-}"; do
+    # shellcheck disable=SC2086
+    timeout 560 python3 benchmarks/bench_transformers.py $args 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
+  done
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"
@@ -65,4 +73,4 @@ if has store || has ray; then
     echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"; tail -5 "$res/ray_import.log" | tee -a "$out/run.log"
   fi
 fi
-tar -C "$res" -czf "$out/results-${part}.tgz" . && ls "$res"
+ls "$res"

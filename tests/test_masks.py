@@ -15,6 +15,7 @@ from fa4cache.errors import ConfigError  # noqa: E402
 from fa4cache.masks import make_document_mask, make_draft_block_mask  # noqa: E402
 
 from .conftest import ROOT, run_worker  # noqa: E402
+from .fa4_varlen_model import call_pairs, sequence_rows  # noqa: E402
 
 
 def brute_document(doc_of: list[int], causal: bool, window: int | None, prefix: dict[int, int] | None) -> Any:
@@ -290,40 +291,6 @@ def test_the_fa4_masking_patch_is_part_of_the_toolchain() -> None:
     )
 
 
-def _seq_rows(cu: Any, used: Any, n: int) -> tuple[Any, Any]:
-    """Per flattened token: its sequence (-1 if none) and local index, FA4's reading of
-    ``cu_seqlens`` + ``seqused``."""
-    cu = cu.long()
-    lens = cu[1:] - cu[:-1] if used is None else used.long()
-    seq = torch.full((n,), -1, dtype=torch.long)
-    local = torch.zeros(n, dtype=torch.long)
-    for i in range(lens.numel()):
-        a, b = int(cu[i]), int(cu[i]) + int(lens[i])
-        assert b <= n and bool((seq[a:b] == -1).all()), "sequences of one call overlap"
-        seq[a:b] = i
-        local[a:b] = torch.arange(b - a)
-    return seq, local
-
-
-def _call_dense(call: Any, n: int) -> Any:
-    """The [n, n] (query, key) pairs one FA4 varlen call computes (bottom-right aligned)."""
-    sq, mq = _seq_rows(call.cu_seqlens_q, call.seqused_q, n)
-    sk, mk = _seq_rows(call.cu_seqlens_k, call.seqused_k, n)
-    lq = torch.bincount(sq[sq >= 0], minlength=call.cu_seqlens_q.numel())
-    lk = torch.bincount(sk[sk >= 0], minlength=call.cu_seqlens_k.numel())
-    shift = (lk - lq)[sq.clamp(min=0)].view(-1, 1)  # seqlen_k - seqlen_q of the query's sequence
-    m, k = mq.view(-1, 1) + shift, mk.view(1, -1)
-    keep = (sq.view(-1, 1) == sk.view(1, -1)) & (sq.view(-1, 1) >= 0)
-    left, right = call.window_size
-    if call.causal:
-        keep &= k <= m
-    if left is not None:
-        keep &= k >= m - left
-    if right is not None:
-        keep &= k <= m + right
-    return keep, sq >= 0
-
-
 def _varlen_dense(mask: Any) -> Any:
     """The boolean [B, T, T] mask that fa4cache.attention's FA4 varlen calls compute from
     ``mask.varlen``; also checks that the calls' query rows are disjoint and cover every
@@ -333,24 +300,24 @@ def _varlen_dense(mask: Any) -> Any:
     full = torch.zeros(n, n, dtype=torch.bool)
     rows = torch.zeros(n, dtype=torch.long)
     for i, call in enumerate(mask.varlen.calls):
-        keep, has_rows = _call_dense(call, n)
+        keep, has_rows = call_pairs(call, n)
         full |= keep
         rows += has_rows.long()
         if i == 0:
-            assert bool((_seq_rows(call.cu_seqlens_k, call.seqused_k, n)[0] >= 0).all())
+            assert bool((sequence_rows(call.cu_seqlens_k, call.seqused_k, n)[0] >= 0).all())
     assert bool((rows == 1).all()), "every query row belongs to exactly one call"
     return torch.stack([full[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
 
 
-def _single_call_dense(mask: Any) -> Any:
+def _singlecall_pairs(mask: Any) -> Any:
     """The boolean [B, T, T] mask of ``mask.varlen_kwargs()`` (one flash_attn_varlen_func call)."""
     lay = mask.varlen
     B, T = mask.batch, mask.seqlen
     n = B * T
     if lay.mask_mod is None:
-        keep, _ = _call_dense(lay.calls[0], n)
+        keep, _ = call_pairs(lay.calls[0], n)
     else:  # prefix-LM: the document_prefix template's rule
-        seq, local = _seq_rows(lay.cu_seqlens, None, n)
+        seq, local = sequence_rows(lay.cu_seqlens, None, n)
         plen = lay.aux_tensors[0].long()[seq].view(-1, 1)
         m, k = local.view(-1, 1), local.view(1, -1)
         window = lay.mask_mod.__fa4cache_mask__["spec"]["window"]
@@ -377,7 +344,7 @@ def test_varlen_layout_is_the_same_mask(seed: int) -> None:
         assert mask.varlen is not None
         ref = mask.dense()
         assert torch.equal(_varlen_dense(mask), ref), f"seed {seed}: {case}"
-        assert torch.equal(_single_call_dense(mask), ref), f"seed {seed}: {case}"
+        assert torch.equal(_singlecall_pairs(mask), ref), f"seed {seed}: {case}"
         # No sequence crosses a row, and the unused tail is empty.
         cu = mask.varlen.cu_seqlens.long()
         assert int(cu[-1]) == mask.batch * mask.seqlen and bool((cu[1:] >= cu[:-1]).all())
@@ -397,7 +364,7 @@ def test_windowed_prefix_lm_on_varlen(seed: int) -> None:
         mask = make_document_mask(cu, prefix_lengths=prefix, window=window)
         ref = mask.dense()
         assert torch.equal(_varlen_dense(mask), ref), (seed, lens, prefix.tolist(), window)
-        assert torch.equal(_single_call_dense(mask), ref), (seed, lens, prefix.tolist(), window)
+        assert torch.equal(_singlecall_pairs(mask), ref), (seed, lens, prefix.tolist(), window)
 
 
 def test_varlen_needs_a_document_bound_without_validation() -> None:

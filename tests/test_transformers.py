@@ -34,23 +34,29 @@ def _reference_attention(q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: fl
 @pytest.fixture
 def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     from fa4cache.adapters import attention as attention_mod
+    from fa4cache.adapters import step_mask, varlen_calls
     from fa4cache.adapters import transformers as fht
 
     import fa4cache
 
+    from . import fa4_varlen_model
+
     monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
     fht.register()
     calls = {"masks": 0}
-    real_build = fht._build
+    real_build = step_mask._build
 
     def counting_build(*args: Any) -> Any:
         calls["masks"] += 1
         return real_build(*args)
 
-    monkeypatch.setattr(fht, "_build", counting_build)
+    monkeypatch.setattr(step_mask, "_build", counting_build)
+    # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
+    monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
+    monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
     monkeypatch.setattr(attention_mod, "attention", _reference_attention)
     monkeypatch.setattr(fa4cache, "attention", _reference_attention, raising=False)
-    fht._cache.clear()
+    step_mask._cache.clear()
     yield fht, calls
 
 
@@ -112,15 +118,19 @@ def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form:
     assert calls["masks"] == 1, calls
 
 
-def test_a_compiled_model_trains_like_the_eager_one(adapter: Any) -> None:
-    # torch.compile: the attention runs eagerly between compiled graphs (a graph break per
-    # layer); logits and gradients match the eager model. aot_eager: the graph capture and
-    # autograd of torch.compile, without a C++ toolchain for the generated code.
+def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.compile sees the attention as one custom op: the whole model is one graph
+    # (fullgraph=True raises on any graph break), and loss and gradients match the eager
+    # model. aot_eager: the graph capture and autograd of torch.compile, without a C++
+    # toolchain for the generated code.
     fht, calls = adapter
     cfg = _configs()["qwen3"]
     eager, compiled = _model(cfg, "fa4cache").train(), _model(cfg, "fa4cache").train()
-    run = torch.compile(compiled, backend="aot_eager")
+    run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    from torch._dynamo import config as dynamo_config
+
     for seed in range(3):  # new packings of the same length: no recompiles, new masks
+        monkeypatch.setattr(dynamo_config, "error_on_recompile", seed > 0)
         lens = _packing(seed) + [5]
         lens[-1] += 40 - sum(lens[:-1]) - 5
         ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
@@ -135,7 +145,33 @@ def test_a_compiled_model_trains_like_the_eager_one(adapter: Any) -> None:
         torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
         for a, b in zip(outs[0][1], outs[1][1]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert calls["masks"] == 6, calls  # one per step and model
+    assert calls["masks"] == 6, calls  # one per step and model, shared by the backward
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_packed_gradients_match_each_document_alone(adapter: Any, batch: int) -> None:
+    # The backward through the custom op (GQA: dK/dV summed over the group; batch 2: the
+    # flattened copies): parameter gradients of a packed step equal the sum over each
+    # document run alone through SDPA.
+    cfg = _configs()["llama-gqa"]
+    packed_model, sdpa_model = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    rows = [_packing(10 + b) for b in range(batch)]
+    T = max(sum(r) for r in rows)
+    rows = [r + ([T - sum(r)] if sum(r) < T else []) for r in rows]
+    ids = torch.randint(0, cfg.vocab_size, (batch, T))
+    pos = torch.stack([torch.cat([torch.arange(n) for n in r]) for r in rows])
+    weight = torch.randn(batch, T, cfg.vocab_size)
+    (packed_model(input_ids=ids, position_ids=pos).logits * weight).sum().backward()
+    for b, r in enumerate(rows):
+        a = 0
+        for n in r:
+            out = sdpa_model(input_ids=ids[b : b + 1, a : a + n]).logits
+            (out * weight[b : b + 1, a : a + n]).sum().backward()
+            a += n
+    for (name, p), q in zip(packed_model.named_parameters(), sdpa_model.parameters()):
+        torch.testing.assert_close(
+            p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
@@ -153,8 +189,14 @@ def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
 
 
 def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
-    fht, _ = adapter
-    m = fht.step_mask(batch=1, seqlen=30, causal=True, window=6, position_ids=torch.arange(30).view(1, -1))
+    from fa4cache.adapters import step_mask
+
+    cfg = _configs()["mistral-sliding"]  # sliding_window=7
+    with torch.no_grad():
+        _model(cfg, "fa4cache")(
+            input_ids=torch.zeros(1, 30, dtype=torch.long), position_ids=torch.arange(30).view(1, -1)
+        )
+    (m,) = [mask for _, mask in step_mask._cache.values()]
     dense = m.dense()[0]
     # transformers' window of 7 keys: the query and the 6 before it.
     assert dense[20].nonzero().view(-1).tolist() == list(range(14, 21))
@@ -222,6 +264,7 @@ os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 import fa4cache
+from fa4cache.adapters import packed_attention, step_mask
 from fa4cache.adapters import transformers as fht
 from fa4cache.adapters.warm import fake_copy
 
@@ -231,17 +274,18 @@ store = fa4cache.install()
 class Attn:  # what transformers hands the attention function
     is_causal = True
 
-real_step_mask = fht.step_mask
+# Under FakeTensorMode the custom op would run only its shape function: call its body.
+packed_attention.op = lambda: packed_attention.forward
 
 def step(lens, window):
     T = sum(lens)
     pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
     # The step's mask from real CPU position_ids (masks are built before faking), then
-    # the adapter's own call into fa4cache.attention and FA4, on fake CUDA tensors.
-    mask = real_step_mask(batch=1, seqlen=T, causal=True, window=window, position_ids=pos)
+    # the adapter's own call into the op's body and FA4, on fake CUDA tensors.
+    mask = step_mask.step_mask(batch=1, seqlen=T, causal=True, window=window, position_ids=pos)
     with FakeTensorMode(), torch.no_grad():
         fake = fake_copy(mask)
-        fht.step_mask = lambda **kw: fake
+        packed_attention.step_mask = lambda **kw: fake
         q = torch.empty(1, 8, T, 64, dtype=torch.bfloat16, device="cuda")
         kv = torch.empty(1, 2, T, 64, dtype=torch.bfloat16, device="cuda")
         out, _ = fht.attention_forward(

@@ -1,0 +1,90 @@
+"""A CPU model of FA4's varlen calls: which (query, key) pairs a call computes, and a float
+forward/backward with the signatures and output layouts of
+:mod:`fa4cache.adapters.varlen_calls` (``out [n, Hq, Dv]``, ``lse [Hq, n]``), for tests
+that run the adapters' real plumbing where FA4 itself cannot run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def sequence_rows(cu: Any, used: Any, n: int) -> tuple[Any, Any]:
+    """Per flattened token: its sequence (-1 if none) and local index, FA4's reading of
+    ``cu_seqlens`` + ``seqused``."""
+    cu = cu.long()
+    lens = cu[1:] - cu[:-1] if used is None else used.long()
+    seq = torch.full((n,), -1, dtype=torch.long)
+    local = torch.zeros(n, dtype=torch.long)
+    for i in range(lens.numel()):
+        a, b = int(cu[i]), int(cu[i]) + int(lens[i])
+        assert b <= n and bool((seq[a:b] == -1).all()), "sequences of one call overlap"
+        seq[a:b] = i
+        local[a:b] = torch.arange(b - a)
+    return seq, local
+
+
+def call_pairs(call: Any, n: int) -> Any:
+    """The [n, n] (query, key) pairs one FA4 varlen call computes (bottom-right aligned)."""
+    sq, mq = sequence_rows(call.cu_seqlens_q, call.seqused_q, n)
+    sk, mk = sequence_rows(call.cu_seqlens_k, call.seqused_k, n)
+    lq = torch.bincount(sq[sq >= 0], minlength=call.cu_seqlens_q.numel())
+    lk = torch.bincount(sk[sk >= 0], minlength=call.cu_seqlens_k.numel())
+    shift = (lk - lq)[sq.clamp(min=0)].view(-1, 1)  # seqlen_k - seqlen_q of the query's sequence
+    m, k = mq.view(-1, 1) + shift, mk.view(1, -1)
+    keep = (sq.view(-1, 1) == sk.view(1, -1)) & (sq.view(-1, 1) >= 0)
+    left, right = call.window_size
+    if call.causal:
+        keep &= k <= m
+    if left is not None:
+        keep &= k >= m - left
+    if right is not None:
+        keep &= k <= m + right
+    return keep, sq >= 0
+
+
+def layout_pairs(calls: Any, n: int) -> Any:
+    """The [n, n] pairs of all the calls of a layout (their query rows are disjoint)."""
+    keep = torch.zeros(n, n, dtype=torch.bool)
+    for call in calls:
+        keep |= call_pairs(call, n)[0]
+    return keep
+
+
+def _probabilities(q: Any, k: Any, calls: Any, scale: float | None, lse: Any = None) -> tuple[Any, Any]:
+    n, hq, d = q.shape
+    kk = k.float().repeat_interleave(hq // k.shape[1], dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), kk) * (scale or d**-0.5)
+    s = s.masked_fill(~layout_pairs(calls, n), float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(s, dim=-1)
+    # A row with no keys (FA4: output 0) has lse -inf and would be nan.
+    return torch.exp(s - lse[..., None]).nan_to_num(0.0), lse
+
+
+def forward(q: Any, k: Any, v: Any, calls: Any, softmax_scale: float | None) -> tuple[Any, Any]:
+    p, lse = _probabilities(q, k, calls, softmax_scale)
+    vv = v.float().repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return torch.einsum("hqk,khd->qhd", p, vv).to(q.dtype), lse
+
+
+def backward(
+    q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, calls: Any, softmax_scale: float | None
+) -> tuple[Any, Any, Any]:
+    # Written out rather than autograd: inside a custom op, autograd does not record.
+    n, hq, d = q.shape
+    hk = k.shape[1]
+    group = hq // hk
+    scale = softmax_scale or d**-0.5
+    p, _ = _probabilities(q, k, calls, softmax_scale, lse)
+    kk, vv = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    do = dout.float()
+    dv = torch.einsum("hqk,qhd->khd", p, do)
+    dp = torch.einsum("qhd,khd->hqk", do, vv)
+    delta = (do * out.float()).sum(-1).transpose(0, 1)
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("hqk,khd->qhd", ds, kk) * scale
+    dk = torch.einsum("hqk,qhd->khd", ds, q.float()) * scale
+    dk, dv = (t.view(n, hk, group, -1).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
