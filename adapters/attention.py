@@ -12,10 +12,15 @@
 
 No host sync on either path (``max_seqlen`` is used when the mask was given it), so the
 call can be captured in a CUDA graph with :class:`~fa4cache.DocumentMaskBuilder` masks.
+
+Under ``torch.compile`` the call runs eagerly between graphs (one graph break): FA4's
+Python interface is not traceable. transformers models avoid the break through
+:mod:`.packed_attention`, whose custom ops build the mask inside.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fa4cache.attention_mask import AttentionMask
@@ -62,3 +67,13 @@ def attention(
 
         out = varlen_calls(q2, k2, v2, calls, softmax_scale)
     return out.view(B, T, *out.shape[1:])
+
+
+def _between_compiled_graphs(fn: Any) -> Any:
+    # torch is imported here: this module loads on the first use of fa4cache.attention.
+    import torch
+
+    return functools.wraps(fn)(torch.compiler.disable(fn, recursive=True))
+
+
+attention = _between_compiled_graphs(attention)

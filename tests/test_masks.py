@@ -377,3 +377,50 @@ def test_varlen_needs_a_document_bound_without_validation() -> None:
         make_document_mask(document_ids=ids, validate=False, max_documents=2)
     with pytest.raises(ValueError, match="max_documents: expected a positive int"):
         make_document_mask(document_ids=ids, max_documents=0)
+
+
+def test_attention_under_torch_compile_runs_between_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fa4cache.attention inside a compiled function: FA4's Python interface is not
+    # traceable, so the call runs eagerly between two graphs (one graph break) and the
+    # result and gradients equal eager. FA4's varlen function is the float model of its
+    # calls here (it needs a GPU), which dynamo would trace into and break inside many
+    # times: the single break is fa4cache's own.
+    import flash_attn.cute as fa
+
+    import fa4cache
+    from fa4cache.varlen import VarlenCall
+
+    from . import fa4_varlen_model
+
+    def varlen_func(q: Any, k: Any, v: Any, *, softmax_scale: Any = None, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                    max_seqlen_q: Any, max_seqlen_k: Any, causal: bool, window_size: Any) -> Any:  # fmt: skip
+        call = VarlenCall(cu_seqlens_q, cu_seqlens_k, causal, window_size, max_seqlen_q)
+        return fa4_varlen_model.forward(q, k, v, [call], softmax_scale)
+
+    monkeypatch.setattr(fa, "flash_attn_varlen_func", varlen_func)
+    lens = [5, 1, 17, 9]
+    T = sum(lens)
+    mask = make_document_mask(torch.tensor([0, *itertools.accumulate(lens)]), seqlen=T, window=6)
+    torch.manual_seed(0)
+    q = torch.randn(1, T, 4, 16, requires_grad=True)
+    k, v = (torch.randn(1, T, 2, 16, requires_grad=True) for _ in range(2))
+
+    def step(q: Any, k: Any, v: Any) -> Any:
+        return (fa4cache.attention(q * 1.5, k, v, mask) ** 2).sum()
+
+    explained = torch._dynamo.explain(step)(q, k, v)
+    assert explained.graph_break_count == 1, explained.break_reasons
+    got = torch.compile(step, backend="aot_eager")(q, k, v)
+    grads = torch.autograd.grad(got, (q, k, v))
+    want = step(q, k, v)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, torch.autograd.grad(want, (q, k, v))):
+        torch.testing.assert_close(g, w)
+    # ...and eager is the mask's own reference
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q * 1.5, kk) * 16**-0.5
+    ref = torch.einsum(
+        "bhts,bshd->bthd", torch.softmax(s.masked_fill(~mask.dense()[:, None], float("-inf")), -1), vv
+    )
+    torch.testing.assert_close(want, (ref**2).sum(), atol=1e-4, rtol=1e-4)
