@@ -170,10 +170,11 @@ def attention_forward(
         raise ValueError(
             "fa4cache attention: no position_ids, cu_seq_lens_q or attention mask to find documents in"
         )
-    # Under torch.compile a host int here would be a guard that recompiles per packing.
-    max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
-    if max_seqlen is None or _compiling():
-        max_seqlen = -1
+    # Under torch.compile a host int here would be a guard that recompiles per packing:
+    # it is not read at all then (FA4 bounds by the total, without a sync).
+    max_seqlen = -1
+    if not _compiling():
+        max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q")) or -1
     out, _ = packed_attention.op()(
         q, k, v, source, kind, causal,
         packed_attention.NO_WINDOW if window is None else window,

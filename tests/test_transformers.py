@@ -9,6 +9,7 @@ cross-compiled for real through the adapter under FakeTensorMode.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import subprocess
@@ -118,28 +119,39 @@ def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form:
     assert calls["masks"] == 1, calls
 
 
-def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("form", ["position_ids", "cu_seq_lens"])
+def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, form: str) -> None:
     # torch.compile sees the attention as one custom op: the whole model is one graph
     # (fullgraph=True raises on any graph break), and loss and gradients match the eager
-    # model. aot_eager: the graph capture and autograd of torch.compile, without a C++
-    # toolchain for the generated code.
+    # model. New packings recompile nothing, a new longest document (max_length_q) included.
+    # aot_eager: the graph capture and autograd of torch.compile, without a C++ toolchain.
     fht, calls = adapter
     cfg = _configs()["qwen3"]
     eager, compiled = _model(cfg, "fa4cache").train(), _model(cfg, "fa4cache").train()
     run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     from torch._dynamo import config as dynamo_config
 
-    for seed in range(3):  # new packings of the same length: no recompiles, new masks
-        monkeypatch.setattr(dynamo_config, "error_on_recompile", seed > 0)
-        lens = _packing(seed) + [5]
-        lens[-1] += 40 - sum(lens[:-1]) - 5
-        ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
+    rng = random.Random(7)
+    for step in range(3):
+        cuts = sorted(rng.sample(range(1, 40), 4))  # 5 documents of new lengths, 40 tokens
+        lens = [b - a for a, b in zip([0, *cuts], [*cuts, 40])]
+        ids = torch.randint(0, cfg.vocab_size, (1, 40))
         pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
         outs = []
         for model, fn in ((eager, eager), (compiled, run)):
             model.zero_grad()
-            # Its own position_ids: the step-mask cache would otherwise serve both models.
-            loss = fn(input_ids=ids, position_ids=pos.clone(), labels=ids).loss
+            # Its own tensors: the step-mask cache would otherwise serve both models.
+            kw: dict[str, Any] = {"position_ids": pos.clone()}
+            if form == "cu_seq_lens":
+                cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+                kw |= {
+                    "cu_seq_lens_q": cu,
+                    "cu_seq_lens_k": cu.clone(),
+                    "max_length_q": max(lens),
+                    "max_length_k": max(lens),
+                }
+            with dynamo_config.patch(error_on_recompile=step > 0):
+                loss = fn(input_ids=ids, labels=ids, **kw).loss
             loss.backward()
             outs.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
         torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
@@ -318,3 +330,24 @@ def test_fa4_kernels_compile_through_the_adapter_once(tmp_path: Any) -> None:
     assert compiles >= 2 and hits == 0  # causal and causal+window forward kernel sets
     again, hits = run()
     assert again == 0 and hits == compiles
+
+
+def test_the_step_mask_follows_its_source_tensor(adapter: Any) -> None:
+    # One mask per step: any tensor over the same memory, layout and version (what a layer
+    # or the compiled backward sees) gets the same mask; a batch written into the same
+    # buffer (CUDA-graph staging) gets a new one with the new documents.
+    from fa4cache.adapters.step_mask import step_mask
+
+    _, calls = adapter
+    pos = torch.cat([torch.arange(n) for n in (3, 5, 4)]).view(1, -1)
+    kw = {"batch": 1, "seqlen": 12, "causal": True, "window": None}
+    first = step_mask(position_ids=pos, **kw)
+    assert step_mask(position_ids=pos.view(1, 12), **kw) is first
+    assert calls["masks"] == 1
+    pos.copy_(torch.cat([torch.arange(n) for n in (6, 6)]).view(1, -1))
+    second = step_mask(position_ids=pos, **kw)
+    assert second is not first and calls["masks"] == 2
+    want = torch.zeros(12, 12, dtype=torch.bool)
+    want[:6, :6] = want[6:, 6:] = True
+    assert torch.equal(second.dense()[0], want.tril())
+    assert step_mask(position_ids=pos.clone(), **kw) is not second  # other memory: built again
