@@ -19,22 +19,12 @@ from typing import Any
 
 from .step_mask import SOURCES, step_mask
 
-NO_WINDOW = -1  # custom-op schemas take ints, not Optional[int], for the window and max_seqlen
 
-
-def _mask(q: Any, source: Any, kind: str, causal: bool, window: int, max_seqlen: int) -> Any:
+def _mask(q: Any, source: Any, kind: str, causal: bool, window: int | None, max_seqlen: int | None) -> Any:
     if kind not in SOURCES:
         raise ValueError(f"kind: expected one of {SOURCES}, got {kind!r}")
     B, T = q.shape[:2]
-    mask = step_mask(
-        batch=B,
-        seqlen=T,
-        causal=causal,
-        window=None if window == NO_WINDOW else window,
-        max_seqlen=None if max_seqlen < 0 else max_seqlen,
-        **{kind: source},
-    )
-    return mask
+    return step_mask(batch=B, seqlen=T, causal=causal, window=window, max_seqlen=max_seqlen, **{kind: source})
 
 
 def _flat(t: Any) -> Any:
@@ -59,9 +49,9 @@ def forward(
     source: Any,
     kind: str,
     causal: bool,
-    window: int,
+    window: int | None,
     softmax_scale: float,
-    max_seqlen: int,
+    max_seqlen: int | None,
 ) -> tuple[Any, Any]:
     """``(out [B, T, Hq, Dv], lse [Hq, B * T])`` for ``q`` ``[B, T, Hq, D]``."""
     from . import varlen_calls
@@ -81,9 +71,9 @@ def backward(
     source: Any,
     kind: str,
     causal: bool,
-    window: int,
+    window: int | None,
     softmax_scale: float,
-    max_seqlen: int,
+    max_seqlen: int | None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``, shaped as ``q``, ``k``, ``v``."""
     from . import varlen_calls
@@ -115,7 +105,7 @@ def _define() -> Any:
 
     # define + impl rather than @custom_op: the bodies above are the implementations as
     # they are, with the schema written once here.
-    args = "Tensor source, str kind, bool causal, int window, float softmax_scale, int max_seqlen"
+    args = "Tensor source, str kind, bool causal, int? window, float softmax_scale, int? max_seqlen"
     fwd, bwd = "fa4cache::packed_attention", "fa4cache::packed_attention_backward"
     tags = (torch.Tag.pt2_compliant_tag,)  # as @custom_op marks its ops
     torch.library.define(

@@ -172,15 +172,11 @@ def attention_forward(
         )
     # Under torch.compile a host int here would be a guard that recompiles per packing:
     # it is not read at all then (FA4 bounds by the total, without a sync).
-    max_seqlen = -1
+    max_seqlen = None
     if not _compiling():
-        max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q")) or -1
-    out, _ = packed_attention.op()(
-        q, k, v, source, kind, causal,
-        packed_attention.NO_WINDOW if window is None else window,
-        scaling if scaling is not None else q.shape[-1] ** -0.5,
-        max_seqlen,
-    )  # fmt: skip
+        max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    out, _ = packed_attention.op()(q, k, v, source, kind, causal, window, scale, max_seqlen)
     return out, None
 
 

@@ -119,14 +119,17 @@ def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form:
     assert calls["masks"] == 1, calls
 
 
-@pytest.mark.parametrize("form", ["position_ids", "cu_seq_lens"])
-def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, form: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "form"),
+    [("qwen3", "position_ids"), ("qwen3", "cu_seq_lens"), ("mistral-sliding", "position_ids")],
+)
+def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, name: str, form: str) -> None:
     # torch.compile sees the attention as one custom op: the whole model is one graph
     # (fullgraph=True raises on any graph break), and loss and gradients match the eager
     # model. New packings recompile nothing, a new longest document (max_length_q) included.
     # aot_eager: the graph capture and autograd of torch.compile, without a C++ toolchain.
     fht, calls = adapter
-    cfg = _configs()["qwen3"]
+    cfg = _configs()[name]
     eager, compiled = _model(cfg, "fa4cache").train(), _model(cfg, "fa4cache").train()
     run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     from torch._dynamo import config as dynamo_config
