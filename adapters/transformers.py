@@ -40,6 +40,8 @@ import functools
 import logging
 from typing import Any
 
+import fa4cache
+
 from . import packed_attention
 from .step_mask import set_max_documents
 
@@ -60,8 +62,6 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    import fa4cache
-
     set_max_documents(max_documents)
     fa4cache.install()
     packed_attention.op()
@@ -69,25 +69,6 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     AttentionMaskInterface.register(NAME, padding_mask)
     if fix_flash_attention_4:
         _fix_flash_attention_4()
-
-
-def _user_mask_attention(q: Any, k: Any, v: Any, mask: Any, scaling: float | None) -> Any:
-    """A caller's own fa4cache mask: :func:`fa4cache.attention`, which ``torch.compile``
-    runs eagerly between graphs (a mask object cannot enter a graph as an op input)."""
-    import fa4cache
-
-    return fa4cache.attention(q, k, v, mask, softmax_scale=scaling)
-
-
-_eager_user_mask_attention: list[Any] = []
-
-
-def _user_mask(q: Any, k: Any, v: Any, mask: Any, scaling: float | None) -> Any:
-    if not _eager_user_mask_attention:
-        import torch
-
-        _eager_user_mask_attention.append(torch.compiler.disable(_user_mask_attention, recursive=True))
-    return _eager_user_mask_attention[0](q, k, v, mask, scaling)
 
 
 def padding_mask(
@@ -143,7 +124,9 @@ def attention_forward(
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     user_mask = kwargs.get("fa4cache_mask")
     if user_mask is not None:
-        return _user_mask(q, k, v, user_mask, scaling), None
+        # Between compiled graphs (a mask object cannot be an op input; fa4cache.attention
+        # is compiler-disabled).
+        return fa4cache.attention(q, k, v, user_mask, softmax_scale=scaling), None
     cu = _first_kwarg(kwargs, "cu_seq_lens_q", "cu_seqlens_q")
     why = None
     if q.shape[1] != k.shape[1]:
