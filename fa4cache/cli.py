@@ -331,6 +331,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
         specs, unreplayable = _replay_specs(args)
     elif args.manifest:
         specs = load_manifest(args.manifest)
+    elif args.hf_config:
+        from .model_config import load_config, specs_for
+
+        specs = specs_for(
+            load_config(args.hf_config), dtypes=args.dtype, backward=args.backward, arch=args.arch
+        )
     else:
         specs = _specs_from_flags(args)
     if not specs:
@@ -556,6 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--arch", default="sm_90")
     s.add_argument("--manifest", help="JSON list of specs")
+    s.add_argument(
+        "--hf-config",
+        metavar="PATH",
+        help="a transformers model's config.json (or its directory): the kernels its "
+        'attn_implementation="fa4cache" runs',
+    )
     s.add_argument(
         "--replay",
         action="store_true",

@@ -93,8 +93,10 @@ class KernelSpec:
 
     def label(self) -> str:
         hkv = self.heads_kv or self.heads
+        mask = f"{self.mask}({self.window})" if self.mask == "document_window" else self.mask
         return (
-            f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {self.mask}{' +bwd' if self.backward else ''}"
+            f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {mask}"
+            f"{' varlen' if self.varlen else ''}{' +bwd' if self.backward else ''}"
         )
 
 

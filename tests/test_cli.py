@@ -148,11 +148,16 @@ def test_warm_manifest_then_fresh_process_compiles_nothing_and_replay(tmp_path: 
         (["prune"], "give --max-size"),
         (["warm", "--manifest", "/nonexistent/specs.json"], "no such file"),
         (["warm", "--heads", "x:y"], "--heads"),
+        (["warm", "--hf-config", "/nonexistent/config.json"], "--hf-config: cannot read"),
+        (["warm", "--hf-config", "@bad-heads"], "num_attention_heads: expected a positive int"),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
+    if "@bad-heads" in args:  # a config.json without a usable head count
+        (tmp_path / "config.json").write_text('{"num_attention_heads": "16", "hidden_size": 1024}')
+        args = [str(tmp_path) if a == "@bad-heads" else a for a in args]
     p = run_cli(d, *args)
     assert p.returncode == 2
     assert message in p.stderr and "Traceback" not in p.stderr

@@ -354,3 +354,30 @@ def test_the_step_mask_follows_its_source_tensor(adapter: Any) -> None:
     want[:6, :6] = want[6:, 6:] = True
     assert torch.equal(second.dense()[0], want.tril())
     assert step_mask(position_ids=pos.clone(), **kw) is not second  # other memory: built again
+
+
+@pytest.mark.compile
+def test_warm_from_a_model_config_covers_what_the_adapter_compiles(tmp_path: Any) -> None:
+    # `fa4cache warm --hf-config` reads only config.json: afterwards the adapter's own
+    # calls (full and sliding layers, new lengths) compile nothing and load every kernel.
+    import json
+
+    from .conftest import run_cli
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "hidden_size": 256, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+        "dtype": "bfloat16",
+    }))  # fmt: skip
+    w = run_cli(store, "warm", "--hf-config", str(tmp_path), "--no-backward")
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert "2 specs" in w.stdout and "0 failed" in w.stdout, w.stdout
+    p = subprocess.run(
+        [sys.executable, "-c", COMPILE], cwd=ROOT, env=worker_env(store),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    compiles, hits = (int(x) for x in p.stdout.split("RESULT", 1)[1].split())
+    assert compiles == 0 and hits >= 2, (compiles, hits)
