@@ -381,3 +381,14 @@ def test_warm_from_a_model_config_covers_what_the_adapter_compiles(tmp_path: Any
     assert p.returncode == 0, p.stderr[-3000:]
     compiles, hits = (int(x) for x in p.stdout.split("RESULT", 1)[1].split())
     assert compiles == 0 and hits >= 2, (compiles, hits)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen3", "mistral-sliding"])
+def test_unpacked_batches_match_sdpa(adapter: Any, name: str) -> None:
+    # A plain batch (no packing, no mask): each row is one document.
+    cfg = _configs()[name]
+    ids = torch.randint(0, cfg.vocab_size, (2, 20))
+    with torch.no_grad():
+        got = _model(cfg, "fa4cache")(input_ids=ids).logits
+        want = _model(cfg, "sdpa")(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
