@@ -32,8 +32,9 @@ def set_max_documents(limit: int | None) -> None:
 
 def _key_of(t: Any) -> tuple[Any, ...]:
     # Storage, layout and version rather than id(): under torch.compile the tensor a layer
-    # (or the backward) sees may be another Python object over the same memory. The weak
-    # reference checked on a hit keeps that memory alive, so equal keys mean equal data.
+    # (or the backward) sees may be another Python object over the same memory. A hit also
+    # needs the tensor the mask was built from to be alive (a weak reference): its memory
+    # cannot have been reused, so equal keys mean equal data.
     try:
         ptr = t.data_ptr()
     except RuntimeError:  # fake tensors have no storage
