@@ -1,0 +1,114 @@
+"""``fa4cache``: inspect and maintain a kernel store from the shell.
+
+Every command except ``warm`` and ``doctor`` works from files alone: no torch,
+cutlass, FA4 or Ray import, so ``fa4cache stats`` answers in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import Fa4CacheError
+from .doctor import cmd_doctor, cmd_env
+from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
+from .warm import cmd_warm
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
+    p.add_argument("--cache-dir", help="store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--zero", action="store_true", help="reset the counters (entries are kept)")
+    s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("ls", help="one line per entry")
+    s.add_argument("--kind")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    s = sub.add_parser("verify", help="check every entry's checksum and sidecar")
+    s.add_argument("--repair", action="store_true", help="quarantine bad entries")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
+    s.add_argument("--max-size")
+    s.add_argument("--older-than")
+    s.add_argument(
+        "--fingerprint", help="'stale': entries of toolchains no process has used for --stale-after"
+    )
+    s.add_argument("--stale-after", help="with --fingerprint stale: unused for this long (default 1d)")
+    s.set_defaults(func=cmd_prune)
+
+    s = sub.add_parser("clear", help="remove every entry")
+    s.add_argument("--all", action="store_true", help="also counters and quarantine")
+    s.add_argument("--yes", action="store_true")
+    s.set_defaults(func=cmd_clear)
+
+    s = sub.add_parser("warm", help="compile kernel sets ahead of time, without a GPU")
+    s.add_argument("--dtype", action="append", choices=["bf16", "fp16"])
+    s.add_argument("--head-dim", action="append", type=int)
+    s.add_argument("--heads", help="query heads, or Q:KV for GQA (default 16)")
+    s.add_argument("--mask", action="append", help="none, causal, document, draft_block, ... (repeatable)")
+    s.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--window", type=int)
+    s.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--seqlen", type=int, default=1024)
+    s.add_argument(
+        "--varlen", action="store_true", help="document masks: the kernels fa4cache.attention runs"
+    )
+    s.add_argument("--arch", default="sm_90")
+    s.add_argument("--manifest", help="JSON list of specs")
+    s.add_argument(
+        "--hf-config",
+        metavar="PATH",
+        help="a transformers model's config.json (or its directory): the kernels its "
+        'attn_implementation="fa4cache" runs',
+    )
+    s.add_argument(
+        "--replay",
+        action="store_true",
+        help="compile every spec recorded in the store (e.g. after an upgrade)",
+    )
+    s.add_argument("-j", "--jobs", type=int, default=1)
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_warm)
+
+    s = sub.add_parser("env", help="environment to export for a job")
+    s.add_argument("--shell", action="store_true")
+    s.set_defaults(func=cmd_env)
+
+    s = sub.add_parser("doctor", help="check versions, GPU, directory, filesystem, locks")
+    s.set_defaults(func=cmd_doctor)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `fa4cache stats | head`: the reader left; not an error worth a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (Fa4CacheError, OSError, ValueError) as e:
+        print(f"fa4cache {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

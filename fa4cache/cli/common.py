@@ -1,0 +1,47 @@
+"""What the ``fa4cache`` commands share: settings from the command line, the store they
+inspect, sizes and ages for people, text from store files made safe for a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from ..settings import Settings
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    d = max(0.0, time.time() - ts)
+    for unit, s in (("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= s:
+            return f"{d / s:.0f}{unit} ago"
+    return f"{d:.0f}s ago"
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(args.cache_dir)
+
+
+def open_store(args: argparse.Namespace) -> Any:
+    from ..store import Store
+
+    s = settings_of(args)
+    if not s.cache_dir.exists():
+        raise ConfigError(f"cache directory {s.cache_dir} does not exist (nothing cached yet?)")
+    return Store(s)
+
+
+def safe_text(x: Any) -> str:
+    """Text from a store file, fit for a terminal (no escape sequences)."""
+    return "".join(c if c.isprintable() else "?" for c in str(x))

@@ -1,0 +1,116 @@
+"""``fa4cache env`` and ``fa4cache doctor``: the environment a job needs, and what is wrong
+with this one."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .common import human, settings_of
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    s = settings_of(args)
+    env = s.job_env()
+    for k in sorted(env):
+        if args.shell:
+            import shlex
+
+            print(f"export {k}={shlex.quote(env[k])}")
+        else:
+            print(f"{k}={env[k]}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from importlib import metadata
+
+    from ..fingerprint import DISTRIBUTIONS, toolchain
+    from ..fsinfo import NETWORK_FS, lock_works, mount_for
+
+    problems = 0
+
+    def line(status: str, what: str, detail: str) -> None:
+        nonlocal problems
+        problems += status == "FAIL"
+        print(f"[{status:^4}] {what:<22} {detail}")
+
+    for d in DISTRIBUTIONS:
+        try:
+            line("ok", d, metadata.version(d))
+        except metadata.PackageNotFoundError:
+            status = "FAIL" if d in ("flash-attn-4", "nvidia-cutlass-dsl", "torch") else "info"
+            if d.startswith("nvidia-cutlass-dsl-libs-cu"):
+                status = "info"
+            line(status, d, "not installed")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            cap = torch.cuda.get_device_capability()
+            line(
+                "ok",
+                "GPU",
+                f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), {torch.cuda.device_count()} device(s)",
+            )
+        else:
+            line("info", "GPU", "none: kernels can still be cross-compiled (fa4cache warm)")
+    except Exception as e:
+        line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
+    s = settings_of(args)
+    line("ok", "cache directory", str(s.cache_dir))
+    from ..layout import Layout
+
+    recent = Layout(s.cache_dir).most_recent_toolchain()
+    line(
+        "info",
+        "toolchain (store)",
+        f"{recent or 'none recorded yet'}: the most recently used, recorded by jobs",
+    )
+    line(
+        "info",
+        "toolchain (shell)",
+        f"{toolchain().id}: computed in this shell's environment, without FA4's patches",
+    )
+    from ..settings import setting
+
+    masking = "on" if setting("FA4CACHE_INTERVAL_MASKING") else "off (FA4CACHE_INTERVAL_MASKING=0)"
+    line(
+        "info",
+        "interval masking",
+        f"{masking}; patches FA4's Hopper (sm_90) kernels only, other archs unchanged",
+    )
+    root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
+    mnt, fstype = mount_for(root)
+    line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
+    if s.cache_dir.exists():
+        import stat as _stat
+
+        st = os.lstat(s.cache_dir)
+        mode = _stat.S_IMODE(st.st_mode)
+        own = hasattr(os, "getuid") and st.st_uid == os.getuid()
+        line(
+            "ok" if own and not mode & 0o022 else "FAIL",
+            "permissions",
+            f"mode {mode:o}, {'owned by you' if own else f'owner uid {st.st_uid}'}",
+        )
+        ok, detail = lock_works(s.cache_dir)
+        line("ok" if ok else "FAIL", "file locks", detail)
+    else:
+        line("info", "permissions", "directory not created yet")
+    import shutil
+
+    try:
+        du = shutil.disk_usage(root)
+        line("ok" if du.free > 1 << 30 else "warn", "free space", human(du.free))
+    except OSError as e:
+        line("warn", "free space", str(e))
+    if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
+        line(
+            "warn",
+            "FA4 own cache",
+            "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1: fa4cache replaces it; unset it to avoid storing kernels twice",
+        )
+    else:
+        line("ok", "FA4 own cache", "off (fa4cache handles persistence)")
+    return 1 if problems else 0

@@ -1,0 +1,162 @@
+"""``fa4cache warm``: cross-compile kernel sets into the store without a GPU (from flags,
+a manifest, a transformers model's config.json, or the specs the store recorded)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from .common import open_store, settings_of
+
+
+def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
+    from ..spec import KernelSpec
+
+    heads, _, hkv = (args.heads or "16").partition(":")
+    try:
+        h = int(heads)
+        h_kv = int(hkv) if hkv else None
+    except ValueError:
+        raise ConfigError(f"--heads: expected N or N:M, got {args.heads!r}") from None
+    masks = args.mask or ["document"]
+    out = []
+    for dtype in args.dtype or ["bf16"]:
+        for hd in args.head_dim or [128]:
+            for m in masks:
+                mask = m
+                if m == "document" and args.window:
+                    mask = "document_window"
+                if m == "document" and args.causal is False:
+                    mask = "document_bidirectional"
+                out.append(
+                    KernelSpec(
+                        dtype=dtype,
+                        head_dim=hd,
+                        heads=h,
+                        heads_kv=h_kv,
+                        mask=mask,
+                        backward=args.backward,
+                        seqlen=args.seqlen,
+                        window=args.window or 256,
+                        arch=args.arch,
+                        varlen=args.varlen,
+                    )
+                )
+    return out
+
+
+def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
+    from ..spec import KernelSpec
+
+    # Every recorded spec, whatever its toolchain: what is already compiled for the
+    # toolchain doing the warming shows as "present".
+    store = open_store(args)
+    seen: dict[str, Any] = {}
+    unreplayable = 0
+    for e in store.layout.iter_entries():
+        side = store.read_sidecar(e.ref)
+        spec = side.spec if side else None
+        if not isinstance(spec, dict):
+            unreplayable += 1
+            continue
+        try:
+            ks = KernelSpec.from_dict(spec)
+        except ConfigError:
+            unreplayable += 1
+            continue
+        seen[json.dumps(ks.to_dict(), sort_keys=True)] = ks
+    return list(seen.values()), unreplayable
+
+
+def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    import warnings
+
+    # FA4 and the DSL warn about their own deprecations on every import; not the user's concern here.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
+    from ..adapters.warm import warm
+    from ..spec import KernelSpec
+
+    r = warm([KernelSpec.from_dict(spec_dict)], cache_dir)[0]
+    return {"compiles": r.compiles, "present": r.present, "seconds": r.seconds, "error": r.error}
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from ..spec import load_manifest
+
+    unreplayable = 0
+    if args.replay:
+        specs, unreplayable = _replay_specs(args)
+    elif args.manifest:
+        specs = load_manifest(args.manifest)
+    elif args.hf_config:
+        from ..model_config import load_config, specs_for
+
+        specs = specs_for(
+            load_config(args.hf_config), dtypes=args.dtype, backward=args.backward, arch=args.arch
+        )
+    else:
+        specs = _specs_from_flags(args)
+    if not specs:
+        print(
+            "nothing to warm"
+            + (f" ({unreplayable} old entries carry no replayable spec)" if unreplayable else "")
+        )
+        return 0
+    cache_dir = str(settings_of(args).cache_dir)
+    archs = sorted({s.arch.rstrip("a") for s in specs})
+    if len(archs) > 1:
+        # FA4 reads its target arch once, at import: one process compiles for one arch.
+        raise ConfigError(f"warm: one target arch per run, got {', '.join(archs)}; run warm once per arch")
+    from ..adapters.warm import set_cross_compile_env
+
+    set_cross_compile_env(specs[0].arch)
+    results: list[tuple[Any, dict[str, Any]]] = []
+    t0 = time.perf_counter()
+    progress = sys.stderr.isatty() and not args.quiet
+
+    def report(i: int, spec: Any, r: dict[str, Any]) -> None:
+        if progress:
+            done = int(30 * i / len(specs))
+            sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(specs)} {spec.label()[:40]:<40}")
+            sys.stderr.flush()
+
+    if args.jobs > 1 and len(specs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as ex:
+            futs = {ex.submit(_warm_worker, s.to_dict(), cache_dir): s for s in specs}
+            for i, f in enumerate(as_completed(futs), 1):
+                s = futs[f]
+                try:
+                    r = f.result()
+                except Exception as e:
+                    r = {"compiles": 0, "present": 0, "seconds": 0.0, "error": f"{type(e).__name__}: {e}"}
+                results.append((s, r))
+                report(i, s, r)
+    else:
+        for i, s in enumerate(specs, 1):
+            r = _warm_worker(s.to_dict(), cache_dir)
+            results.append((s, r))
+            report(i, s, r)
+    if progress:
+        sys.stderr.write("\n")
+    print(f"{'spec':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
+    failed = 0
+    for s, r in results:
+        status = "ok" if r["error"] is None else f"FAILED: {r['error'][:80]}"
+        failed += r["error"] is not None
+        print(f"{s.label():<44}{r['compiles']:>9}{r['present']:>9}{r['seconds']:>9.1f}  {status}")
+    total = sum(r["compiles"] for _, r in results)
+    print(
+        f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s"
+    )
+    if unreplayable:
+        print(f"{unreplayable} entries carry no spec (compiled by training calls) and were not replayed")
+    return 1 if failed else 0
