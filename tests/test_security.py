@@ -9,18 +9,14 @@ and the CLI, not cute.compile.
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +44,11 @@ class Result:
 
 
 class User:
-    """Runs code as another user in a forked child that drops root after the fork.
+    """Runs code as another user: in a child forked from a clean server process
+    (:mod:`tests.as_user`) that drops root after the fork.
 
-    Not a new interpreter: this one lives where the other users cannot read it (a venv
-    under /root), so everything the code needs is imported before the fork (see
+    The interpreter lives where the other users cannot read it (a venv under /root), so
+    everything the code needs is imported by the server before it forks (see
     :data:`PRELOAD`) and the child only switches uid, environment and umask.
     """
 
@@ -63,52 +60,20 @@ class User:
         self, code: str, *, env: dict[str, str] | None = None, timeout: float = 60, umask: int = 0o022
     ) -> Result:
         """Run Python ``code`` as this user; its exit status, stdout and stderr."""
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            pid = os.fork()
-            if pid == 0:
-                self._child(code, env or {}, umask, out.fileno(), err.fileno())
-            deadline = time.monotonic() + timeout
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    break
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    raise TimeoutError(f"code run as {self.name} did not finish in {timeout} s")
-                time.sleep(0.01)
-            out.seek(0)
-            err.seek(0)
-            return Result(os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode())
-
-    def _child(self, code: str, env: dict[str, str], umask: int, out: int, err: int) -> None:
-        """In the forked child: become the user, run ``code``, exit; never returns."""
-        status = 1
-        try:
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            # pytest replaced sys.stdout/stderr and the log handlers: back to the real fds.
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            logging.root.handlers.clear()
-            os.setgroups([])
-            os.setgid(self.gid)
-            os.setuid(self.uid)
-            os.umask(umask)
-            os.chdir(self.home)
-            os.environ.clear()
-            os.environ.update({"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, **env})
-            try:
-                exec(compile(textwrap.dedent(code), "<as-user>", "exec"), {"__name__": "__main__"})
-                status = 0
-            except SystemExit as e:
-                status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+        reply = _server_request(
+            {
+                "code": code,
+                "uid": self.uid,
+                "gid": self.gid,
+                "home": str(self.home),
+                "umask": umask,
+                "timeout": timeout,
+                "env": {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, **(env or {})},
+            }
+        )
+        if reply.get("timeout"):
+            raise TimeoutError(f"code run as {self.name} did not finish in {timeout} s")
+        return Result(reply["returncode"], reply["stdout"], reply["stderr"])
 
     def cli(
         self, cache_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
@@ -119,10 +84,34 @@ class User:
         )
 
 
+_SERVER: list[subprocess.Popen[str]] = []
+
+
+def _server_request(req: dict[str, Any]) -> dict[str, Any]:
+    if not _SERVER:
+        root = Path(__file__).resolve().parent.parent
+        _SERVER.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.as_user", json.dumps(PRELOAD)],
+                cwd=root,
+                env={**os.environ, "PYTHONPATH": str(root)},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    server = _SERVER[0]
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(json.dumps(req) + "\n")
+    server.stdin.flush()
+    line = server.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the run-as-user server exited ({server.wait()})")
+    return json.loads(line)
+
+
 @pytest.fixture(scope="module")
 def people() -> Iterator[tuple[User, User, Path]]:
-    for name in PRELOAD:
-        importlib.import_module(name)
     base = Path(tempfile.mkdtemp(prefix="fa4sec-", dir="/tmp"))
     os.chmod(base, 0o755)
     users = []
@@ -135,6 +124,9 @@ def people() -> Iterator[tuple[User, User, Path]]:
         users.append(u)
     yield users[0], users[1], base
     shutil.rmtree(base, ignore_errors=True)
+    if _SERVER:
+        server = _SERVER.pop()
+        server.communicate(timeout=30)  # stdin closed: the server's loop ends
 
 
 def _seed(user: User, root: Path, keys: tuple[int, ...] = (1,), env: dict[str, str] | None = None) -> None:

@@ -1,0 +1,90 @@
+"""A clean process that runs Python code as other users, for ``tests/test_security.py``.
+
+Each request runs in a child forked from this server, which drops root after the fork.
+Forking the pytest process itself is unsafe once earlier tests have left threads in it
+(Ray's in-process driver and its gRPC threads made a forked child segfault now and then);
+this server is a fresh interpreter without threads. Everything the children need is
+imported here first: after dropping root they may not be able to read the venv.
+
+Protocol: ``python -m tests.as_user '<json list of modules to import>'``, then one JSON
+request per line on stdin, one JSON reply per line on stdout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from typing import Any
+
+
+def _child(req: dict[str, Any], out: int, err: int) -> None:
+    """In the forked child: become the user, run the code, exit; never returns."""
+    status = 1
+    try:
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        logging.root.handlers.clear()
+        os.setgroups([])
+        os.setgid(req["gid"])
+        os.setuid(req["uid"])
+        os.umask(req["umask"])
+        os.chdir(req["home"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        try:
+            exec(compile(textwrap.dedent(req["code"]), "<as-user>", "exec"), {"__name__": "__main__"})
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def _run(req: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            _child(req, out.fileno(), err.fileno())
+        deadline = time.monotonic() + req["timeout"]
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                return {"timeout": True}
+            time.sleep(0.01)
+        out.seek(0)
+        err.seek(0)
+        return {
+            "returncode": os.waitstatus_to_exitcode(status),
+            "stdout": out.read().decode(errors="replace"),
+            "stderr": err.read().decode(errors="replace"),
+        }
+
+
+def main() -> None:
+    for name in json.loads(sys.argv[1]):
+        importlib.import_module(name)
+    replies = sys.stdout
+    for line in sys.stdin:
+        replies.write(json.dumps(_run(json.loads(line))) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()
