@@ -1,9 +1,9 @@
 """A clean process that runs Python code as other users, for ``tests/test_security.py``.
 
 Each request runs in a child forked from this server, which drops root after the fork.
-Forking the pytest process itself is unsafe once earlier tests have left threads in it
-(Ray's in-process driver and its gRPC threads made a forked child segfault now and then);
-this server is a fresh interpreter without threads. Everything the children need is
+Forking the pytest process itself is unsafe once earlier tests have left threads in it (a
+child forked from it segfaulted once in CI, after the Ray tests had run an in-process
+driver with its gRPC threads); this server is a fresh interpreter without threads. Everything the children need is
 imported here first: after dropping root they may not be able to read the venv.
 
 Protocol: ``python -m tests.as_user '<json list of modules to import>'``, then one JSON
