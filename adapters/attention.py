@@ -57,16 +57,15 @@ def attention(
             )
     if mask.varlen is None or dense:
         return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **mask))
-    B, T = q.shape[:2]
-    q2, k2, v2 = (t.reshape(B * T, *t.shape[2:]) for t in (q, k, v))
+    from . import varlen_calls
+
+    q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.calls
     if len(calls) == 1:
         out = _first(flash_attn_varlen_func(q2, k2, v2, softmax_scale=softmax_scale, **mask.varlen.kwargs()))
     else:
-        from .varlen_calls import attention as varlen_calls
-
-        out = varlen_calls(q2, k2, v2, calls, softmax_scale)
-    return out.view(B, T, *out.shape[1:])
+        out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale)
+    return out.view(*q.shape[:2], *out.shape[1:])
 
 
 def _between_compiled_graphs(fn: Any) -> Any:

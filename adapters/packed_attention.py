@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import varlen_calls
 from .step_mask import SOURCES, step_mask
+from .varlen_calls import flat_tokens
 
 
 def _mask(q: Any, source: Any, kind: str, causal: bool, window: int | None, max_seqlen: int | None) -> Any:
@@ -25,11 +27,6 @@ def _mask(q: Any, source: Any, kind: str, causal: bool, window: int | None, max_
         raise ValueError(f"kind: expected one of {SOURCES}, got {kind!r}")
     B, T = q.shape[:2]
     return step_mask(batch=B, seqlen=T, causal=causal, window=window, max_seqlen=max_seqlen, **{kind: source})
-
-
-def _flat(t: Any) -> Any:
-    B, T = t.shape[:2]
-    return t.reshape(B * T, *t.shape[2:])
 
 
 def _laid_out_like(g: Any, flat: Any) -> Any:
@@ -54,10 +51,10 @@ def forward(
     max_seqlen: int | None,
 ) -> tuple[Any, Any]:
     """``(out [B, T, Hq, Dv], lse [Hq, B * T])`` for ``q`` ``[B, T, Hq, D]``."""
-    from . import varlen_calls
-
     mask = _mask(q, source, kind, causal, window, max_seqlen)
-    out, lse = varlen_calls.forward(_flat(q), _flat(k), _flat(v), mask.varlen.calls, softmax_scale)
+    out, lse = varlen_calls.forward(
+        flat_tokens(q), flat_tokens(k), flat_tokens(v), mask.varlen.calls, softmax_scale
+    )
     return out.contiguous().view(*q.shape[:3], v.shape[-1]), lse.contiguous()
 
 
@@ -76,12 +73,10 @@ def backward(
     max_seqlen: int | None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``, shaped as ``q``, ``k``, ``v``."""
-    from . import varlen_calls
-
     mask = _mask(q, source, kind, causal, window, max_seqlen)
-    flat = [_flat(t) for t in (q, k, v)]
+    flat = [flat_tokens(t) for t in (q, k, v)]
     grads = varlen_calls.backward(
-        *flat, _flat(out), _flat(dout).contiguous(), lse, mask.varlen.calls, softmax_scale
+        *flat, flat_tokens(out), flat_tokens(dout).contiguous(), lse, mask.varlen.calls, softmax_scale
     )
     return tuple(_laid_out_like(g, f).view(t.shape) for g, f, t in zip(grads, flat, (q, k, v)))  # type: ignore[return-value]
 
@@ -128,7 +123,7 @@ def _define() -> Any:
     @torch.library.register_fake(bwd, lib=_LIB[0])
     def _(dout, q, k, v, *rest):  # type: ignore[no-untyped-def]
         # The strides the real gradients have: FA4's empty_like of the flattened inputs.
-        return tuple(torch.empty_like(_flat(t)).view(t.shape) for t in (q, k, v))
+        return tuple(torch.empty_like(flat_tokens(t)).view(t.shape) for t in (q, k, v))
 
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
         q, k, v, source, *args = inputs

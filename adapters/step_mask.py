@@ -68,7 +68,7 @@ def step_mask(
         hit = _cache.get(key)
         if hit is not None and hit[0]() is not None:
             return hit[1]
-    mask = _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding)
+    mask = _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding, capturing)
     with _lock:
         if len(_cache) > 8:  # a step uses one or two (full and sliding layers)
             _cache.clear()
@@ -85,6 +85,7 @@ def _build(
     max_seqlen: int | None,
     position_ids: Any,
     padding: Any,
+    capturing: bool,
 ) -> Any:
     import torch
 
@@ -116,7 +117,7 @@ def _build(
     ids = starts.cumsum(1)
     limit = _max_documents[0]
     if limit is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if capturing:
             raise ValueError(
                 "fa4cache attention: CUDA-graph capture with documents from position_ids needs "
                 "fa4cache.adapters.transformers.register(max_documents=N), or cu_seq_lens_q in the batch "

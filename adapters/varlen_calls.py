@@ -17,6 +17,13 @@ from typing import Any
 from fa4cache.varlen import VarlenCall
 
 
+def flat_tokens(t: Any) -> Any:
+    """``[B, T, ...]`` as ``[B * T, ...]``, the tokens FA4's varlen calls index (a view where
+    the layout allows, else a copy)."""
+    B, T = t.shape[:2]
+    return t.reshape(B * T, *t.shape[2:])
+
+
 def forward(
     q: Any, k: Any, v: Any, calls: Sequence[VarlenCall], softmax_scale: float | None
 ) -> tuple[Any, Any]:

@@ -96,8 +96,7 @@ def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool) -> No
 
     from . import varlen_calls
 
-    B, T = q.shape[:2]
-    q2, k2, v2 = (t.reshape(B * T, *t.shape[2:]) for t in (q, k, v))
+    q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.map_tensors(_fake_like).calls
     out, lse = varlen_calls.forward(q2, k2, v2, calls, None)
     if backward:

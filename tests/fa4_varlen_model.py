@@ -44,6 +44,16 @@ def call_pairs(call: Any, n: int) -> Any:
     return keep, sq >= 0
 
 
+def mask_reference(q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None) -> Any:
+    """Attention of ``[B, T, H, D]`` tensors under ``mask.dense()``, in float (differentiable):
+    the reference any path of ``fa4cache.attention`` is held to."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * (softmax_scale or q.shape[-1] ** -0.5)
+    s = s.masked_fill(~mask.dense()[:, None], float("-inf"))
+    return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.float()).to(q.dtype)
+
+
 def layout_pairs(calls: Any, n: int) -> Any:
     """The [n, n] pairs of all the calls of a layout (their query rows are disjoint)."""
     keep = torch.zeros(n, n, dtype=torch.bool)

@@ -417,10 +417,5 @@ def test_attention_under_torch_compile_runs_between_graphs(monkeypatch: pytest.M
     for g, w in zip(grads, torch.autograd.grad(want, (q, k, v))):
         torch.testing.assert_close(g, w)
     # ...and eager is the mask's own reference
-    group = q.shape[2] // k.shape[2]
-    kk, vv = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    s = torch.einsum("bthd,bshd->bhts", q * 1.5, kk) * 16**-0.5
-    ref = torch.einsum(
-        "bhts,bshd->bthd", torch.softmax(s.masked_fill(~mask.dense()[:, None], float("-inf")), -1), vv
-    )
+    ref = fa4_varlen_model.mask_reference(q * 1.5, k, v, mask)
     torch.testing.assert_close(want, (ref**2).sum(), atol=1e-4, rtol=1e-4)

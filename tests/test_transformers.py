@@ -24,14 +24,6 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 
-def _reference_attention(q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None) -> Any:
-    group = q.shape[2] // k.shape[2]
-    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * (softmax_scale or q.shape[-1] ** -0.5)
-    s = s.masked_fill(~mask.dense()[:, None], float("-inf"))
-    return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.float()).to(q.dtype)
-
-
 @pytest.fixture
 def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     from fa4cache.adapters import attention as attention_mod
@@ -55,8 +47,8 @@ def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
-    monkeypatch.setattr(attention_mod, "attention", _reference_attention)
-    monkeypatch.setattr(fa4cache, "attention", _reference_attention, raising=False)
+    monkeypatch.setattr(attention_mod, "attention", fa4_varlen_model.mask_reference)
+    monkeypatch.setattr(fa4cache, "attention", fa4_varlen_model.mask_reference, raising=False)
     step_mask._cache.clear()
     yield fht, calls
 
