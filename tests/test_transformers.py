@@ -47,8 +47,10 @@ def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
-    monkeypatch.setattr(attention_mod, "attention", fa4_varlen_model.mask_reference)
+    # fa4cache.attention first: its lazy lookup would otherwise resolve to (and on undo
+    # restore) the already-patched adapter function, leaking the reference to later tests.
     monkeypatch.setattr(fa4cache, "attention", fa4_varlen_model.mask_reference, raising=False)
+    monkeypatch.setattr(attention_mod, "attention", fa4_varlen_model.mask_reference)
     step_mask._cache.clear()
     yield fht, calls
 
@@ -223,7 +225,9 @@ def test_generation_with_a_cache_falls_back_with_one_warning(adapter: Any, caplo
     assert len(warnings) == 1
 
 
-def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(adapter: Any) -> None:
+def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fa4cache.masks import make_document_mask
 
     cfg = _configs()["llama-mha"]
@@ -241,12 +245,9 @@ def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(adapter: A
 
     import fa4cache
 
-    fa4cache.attention = spy  # the adapter calls fa4cache.attention
-    try:
-        with torch.no_grad():
-            m(input_ids=ids, fa4cache_mask=prefix)
-    finally:
-        fa4cache.attention = real
+    monkeypatch.setattr(fa4cache, "attention", spy)  # the adapter calls fa4cache.attention
+    with torch.no_grad():
+        m(input_ids=ids, fa4cache_mask=prefix)
     assert len(seen) == cfg.num_hidden_layers and all(s is prefix for s in seen)
 
 
