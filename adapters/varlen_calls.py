@@ -51,20 +51,26 @@ def backward(
     softmax_scale: float | None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``: the first call writes dK/dV for every key (its keys cover all
-    tokens); later calls write theirs into zeroed buffers that are added."""
+    tokens); a later call writes its own key rows of scratch buffers, and only those rows
+    are added (:mod:`.sequence_add`)."""
     import torch
     from flash_attn.cute import interface as fi
 
+    from .sequence_add import add_sequences_
+
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    scratch: tuple[Any, Any] | None = None
     for i, call in enumerate(calls):
-        # Rows outside a later call's keys are never written: they must read as zero.
-        dk_i, dv_i = (dk, dv) if i == 0 else (torch.zeros_like(k), torch.zeros_like(v))
+        if i and scratch is None:
+            # Left unzeroed: FA4 writes the call's key rows, and only those are read.
+            scratch = (torch.empty_like(k), torch.empty_like(v))
+        dk_i, dv_i = (dk, dv) if i == 0 else scratch
         fi._flash_attn_bwd(
             q, k, v, out, dout, lse, softmax_scale, dq=dq, dk=dk_i, dv=dv_i, **call.fa4_kwargs()
         )
         if i:
-            dk.add_(dk_i)
-            dv.add_(dv_i)
+            add_sequences_(dk, dk_i, call.cu_seqlens_k, call.seqused_k)
+            add_sequences_(dv, dv_i, call.cu_seqlens_k, call.seqused_k)
     return dq, dk, dv
 
 

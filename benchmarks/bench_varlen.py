@@ -47,7 +47,45 @@ def main() -> None:
         fb = interleaved_ms({n: (lambda fn=fn, d=d: fn().backward(d)) for n, (fn, d) in fns.items()})
         return {n: (f[n], fb[n]) for n in fns}
 
+    def anatomy(
+        T: int, q: Any, k: Any, v: Any, dout: Any, cu: Any, maxlen: int, lens: list[int], flops: Any
+    ) -> list[list[Any]]:
+        """Forward and backward apart, for FA4 varlen causal and FA4's own sliding window
+        (the kernel fa4cache.attention calls for window masks) at several widths: where a
+        window's useful TFLOP/s go, and how they grow with the keys each query sees."""
+        cases = {"causal": ({"causal": True}, sum(n * (n + 1) / 2 for n in lens))}
+        for w in (512, 1024, 2048, 4096):
+            cases[f"window {w}"] = (
+                {"causal": True, "window_size": (w, 0)},
+                sum(sum(min(m + 1, w + 1) for m in range(n)) for n in lens),
+            )
+        fns = {
+            name: (
+                lambda kw=kw: first(flash_attn_varlen_func(
+                    q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen, **kw
+                )),
+                dout,
+            )
+            for name, (kw, _) in cases.items()
+        }  # fmt: skip
+        t = fwd_bwd(fns)
+        rows = []
+        for name, (_, pairs) in cases.items():
+            f_ms, fb_ms = t[name]
+            f_tf = flops(pairs) / 3.5 / (f_ms * 1e-3) / 1e12
+            b_tf = flops(pairs) * 2.5 / 3.5 / ((fb_ms - f_ms) * 1e-3) / 1e12
+            c_f, c_fb = t["causal"]
+            c_pairs = cases["causal"][1]
+            rows.append([
+                T, name, pairs / sum(lens), f_ms, f_tf,
+                f"{100 * f_tf / (flops(c_pairs) / 3.5 / (c_f * 1e-3) / 1e12):.0f}%",
+                fb_ms - f_ms, b_tf,
+                f"{100 * b_tf / (flops(c_pairs) * 2.5 / 3.5 / ((c_fb - c_f) * 1e-3) / 1e12):.0f}%",
+            ])  # fmt: skip
+        return rows
+
     plain_rows: list[list[Any]] = []
+    anatomy_rows: list[list[Any]] = []
     other_rows: list[list[Any]] = []
     meta_rows: list[list[Any]] = []
     data: dict[str, Any] = {"plain": [], "other": []}
@@ -214,6 +252,7 @@ def main() -> None:
                 {"T": T, "mask": name, "fwd_bwd_ms": {k_: t[k_] for k_ in t}, "rel_err_vs_ours": errs,
                  "ours_rel_err_vs_fp32": ours_err}
             )  # fmt: skip
+        anatomy_rows.extend(anatomy(T, q, k, v, dout, cu, maxlen, lens, flops))
         a_ms = sorted(anchor_ms)[len(anchor_ms) // 2]
         other_rows.append(
             [T, "FA4 varlen causal (anchor, median of the groups)", "-", a_ms,
@@ -245,6 +284,12 @@ def main() -> None:
             "(x: time relative to fa4cache.attention; interleaved timing, common.interleaved_ms)",
             table(["tokens", "mask: method", "path", "fwd+bwd ms", "useful TFLOP/s", "vs varlen causal",
                    "time vs ours", "rel err vs ours", "ours: rel err vs fp32"], other_rows),
+        ),
+        (
+            "FA4 varlen causal and FA4's sliding window, forward and backward apart (same documents; "
+            "backward = forward+backward minus forward; useful TFLOP/s; % of causal's in the same direction)",
+            table(["tokens", "FA4 varlen", "keys per query", "fwd ms", "fwd TFLOP/s", "fwd vs causal",
+                   "bwd ms", "bwd TFLOP/s", "bwd vs causal"], anatomy_rows),
         ),
         ("Metadata (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
     ]  # fmt: skip

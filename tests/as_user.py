@@ -7,7 +7,8 @@ driver with its gRPC threads); this server is a fresh interpreter without thread
 imported here first: after dropping root they may not be able to read the venv.
 
 Protocol: ``python -m tests.as_user '<json list of modules to import>'``, then one JSON
-request per line on stdin, one JSON reply per line on stdout.
+request per line on stdin, one JSON reply per line on stdout: the child's exit status and
+output, or, for a ``background`` request, its pid as soon as it is forked.
 """
 
 from __future__ import annotations
@@ -53,7 +54,27 @@ def _child(req: dict[str, Any], out: int, err: int) -> None:
         os._exit(status)
 
 
+def _start(req: dict[str, Any]) -> dict[str, Any]:
+    """A background child (``"background": true``): reply with its pid at once; the test
+    kills it, and the server reaps it."""
+    with open(os.devnull, "wb") as null:
+        pid = os.fork()
+        if pid == 0:
+            _child(req, null.fileno(), null.fileno())
+    return {"pid": pid}
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
+    if req.get("background"):
+        return _start(req)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:
@@ -84,6 +105,7 @@ def main() -> None:
     for line in sys.stdin:
         replies.write(json.dumps(_run(json.loads(line))) + "\n")
         replies.flush()
+        _reap()  # background children killed since the last request
 
 
 if __name__ == "__main__":
