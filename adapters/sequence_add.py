@@ -76,6 +76,9 @@ def _launch(dst: Any, src: Any, cu_seqlens: Any, seqused: Any) -> None:
 
     n, heads, dim = dst.shape
     n_seq = cu_seqlens.numel() - 1
+    # The kernel indexes both as dense 1-D arrays (a no-op for the layouts' own tensors).
+    cu_seqlens = cu_seqlens.contiguous()
+    seqused = None if seqused is None else seqused.contiguous()
     rows, cols = kernels.BLOCK_ROWS, triton.next_power_of_2(dim)
     grid = (triton.cdiv(n, rows), heads)
     kernels.add_sequences[grid](

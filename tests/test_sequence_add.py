@@ -71,7 +71,9 @@ def draw(rng):  # type: ignore[no-untyped-def]
     for i, length in enumerate(lengths):
         inside[cu[i] : cu[i] + (length if used is None else used[i])] = True
     src[~inside] = float("nan")
-    cu_t = torch.tensor(cu, dtype=torch.int32)
+    cu_t = torch.tensor(cu, dtype=rng.choice([torch.int32, torch.int64]))
+    if rng.random() < 0.3:  # a strided view, as a slice of a larger tensor gives
+        cu_t = torch.stack([cu_t, cu_t], 1)[:, 0]
     used_t = None if used is None else torch.tensor(used, dtype=torch.int32)
     return dst, src, cu_t, used_t, f"n={n} cu={cu} used={used} heads={heads} dim={dim} {dtype} {layout}"
 
