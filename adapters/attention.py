@@ -55,8 +55,10 @@ def attention(
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
             )
+    k, v = _kv_for_backward(q, k, v)
     if mask.varlen is None or dense:
-        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **mask))
+        fitted = mask.for_head_dim(int(q.shape[-1]))
+        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **fitted))
     from . import varlen_calls
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
@@ -66,6 +68,20 @@ def attention(
     else:
         out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale)
     return out.view(*q.shape[:2], *out.shape[1:])
+
+
+def _kv_for_backward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """FA4's backward refuses GQA when the value head dim differs from q/k's (192/128,
+    say): there, k/v are expanded to q's heads (their gradients summed back by autograd),
+    which is exact and costs the expansion; elsewhere they are returned as they are."""
+    import torch
+
+    group = q.shape[2] // max(k.shape[2], 1)
+    if group == 1 or q.shape[-1] == v.shape[-1] or not torch.is_grad_enabled():
+        return k, v
+    if not (q.requires_grad or k.requires_grad or v.requires_grad):
+        return k, v
+    return k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
 
 
 def _between_compiled_graphs(fn: Any) -> Any:

@@ -2,7 +2,8 @@
 
 Every FA4 function with a ``compile_cache`` attribute (found generically in
 ``flash_attn.cute.*``) gets a :class:`~fa4cache.adapters.compile_cache.StoreCompileCache`
-and a guard that releases a failed compile's lock. Patching happens when FA4's modules
+and a guard that releases a failed compile's lock; the interface's forward and backward
+also fit fa4cache masks to the call's head dim (:mod:`.mask_tiles`). Patching happens when FA4's modules
 are imported (an import hook), so ``install()`` never imports FA4 (about 10 s on a GPU
 host) by itself. ``install()`` also applies the interval-masking code-generation patch
 (:mod:`fa4cache.adapters.fa4_interval_masking`) and registers the store and toolchain
@@ -34,7 +35,7 @@ from fa4cache.secure_io import unlink_quiet
 from fa4cache.settings import Settings, setting
 from fa4cache.store import Artifact, Store
 
-from . import cross_compile, fa4_interval_masking
+from . import cross_compile, fa4_interval_masking, mask_tiles
 from .artifacts import export, load_callable, summary
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 
@@ -159,7 +160,10 @@ def _patch_module(inst: Installation, module: types.ModuleType) -> int:
         seed = getattr(original, "cache", original if isinstance(original, dict) else None)
         cache = StoreCompileCache(kind_for(name), inst, seed=dict(seed) if isinstance(seed, dict) else None)
         obj.compile_cache = cache
-        setattr(module, name, guard(obj, cache))
+        patched = guard(obj, cache)
+        if module.__name__ == INTERFACE and name in mask_tiles.ENTRY_POINTS:
+            patched = mask_tiles.wrap(patched)
+        setattr(module, name, patched)
         inst.patches.append(_Patch(module, name, obj, original, cache))
         n += 1
     return n

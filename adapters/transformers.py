@@ -20,8 +20,11 @@ What it does, per forward step (the mask is built once and shared by every layer
   ``w`` keys is fa4cache's ``window=w - 1`` (the query itself plus ``w - 1`` earlier keys).
 * **Other masks**: a fa4cache mask passed as ``model(..., fa4cache_mask=mask)`` is used by
   every layer (prefix-LM, draft-block, custom templates).
-* **Decoding with a KV cache**, dropout, softcapping and 4-D masks without document
-  boundaries run through PyTorch SDPA with one warning; they never crash.
+* **Decoding with a KV cache**, attention dropout, logit softcapping (Gemma 2) and 4-D
+  masks without document boundaries run through PyTorch with one warning; they never
+  crash. In training and prefill that fallback applies the step's own document mask, so
+  packed documents stay apart there too; softcapping and dropout are applied as
+  transformers' eager attention does.
 
 Host syncs: none with ``cu_seq_lens`` or a 2-D padding mask, or with ``position_ids`` when
 ``register(max_documents=N)`` bounds the documents per step (what CUDA-graph capture needs);
@@ -42,7 +45,7 @@ from typing import Any
 
 import fa4cache
 
-from . import packed_attention
+from . import packed_attention, step_mask
 from .step_mask import set_max_documents
 
 log = logging.getLogger(__name__)
@@ -128,6 +131,15 @@ def attention_forward(
         # is compiler-disabled).
         return fa4cache.attention(q, k, v, user_mask, softmax_scale=scaling), None
     cu = _first_kwarg(kwargs, "cu_seq_lens_q", "cu_seqlens_q")
+    window = sliding_window - 1 if sliding_window is not None and sliding_window < q.shape[1] else None
+    if cu is not None:
+        kind, source = "cu_seqlens", cu
+    elif attention_mask is not None and attention_mask.dim() == 2:
+        kind, source = "padding", attention_mask
+    elif kwargs.get("position_ids") is not None:
+        kind, source = "position_ids", kwargs["position_ids"]
+    else:
+        kind, source = None, None
     why = None
     if q.shape[1] != k.shape[1]:
         why = "decoding with a KV cache"
@@ -137,22 +149,29 @@ def attention_forward(
         why = "logit softcapping"
     elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
         why = "a 4-D attention mask"
-    if why is not None:
-        _warn_once(
-            why, f"fa4cache: {why} runs through PyTorch SDPA (FA4 path: packed and padded training/prefill)"
-        )
-        return _sdpa(q, k, v, attention_mask, scaling, sliding_window, causal), None
-    window = sliding_window - 1 if sliding_window is not None and sliding_window < q.shape[1] else None
-    if cu is not None:
-        kind, source = "cu_seqlens", cu
-    elif attention_mask is not None:
-        kind, source = "padding", attention_mask
-    elif kwargs.get("position_ids") is not None:
-        kind, source = "position_ids", kwargs["position_ids"]
-    else:
+    elif source is None:
         raise ValueError(
             "fa4cache attention: no position_ids, cu_seq_lens_q or attention mask to find documents in"
         )
+    if why is not None:
+        _warn_once(
+            why, f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill)"
+        )
+        allowed = None
+        if (
+            q.shape[1] == k.shape[1]
+            and source is not None
+            and (attention_mask is None or attention_mask.dim() == 2)
+        ):
+            # Training or prefill: the fallback keeps the step's documents (and padding) apart
+            # as the FA4 path does, with the same mask.
+            allowed = step_mask.step_mask(
+                batch=q.shape[0], seqlen=q.shape[1], causal=causal, window=window,
+                **{kind: source},  # the kinds are step_mask's argument names
+            ).dense()[:, None]  # fmt: skip
+        return _fallback(
+            q, k, v, attention_mask, scaling, sliding_window, causal, softcap, dropout, allowed
+        ), None
     # Under torch.compile a host int here would be a guard that recompiles per packing:
     # it is not read at all then (FA4 bounds by the total, without a sync).
     max_seqlen = None
@@ -169,16 +188,28 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _sdpa(
-    q: Any, k: Any, v: Any, attention_mask: Any, scale: float | None, sliding_window: int | None, causal: bool
+def _fallback(
+    q: Any,
+    k: Any,
+    v: Any,
+    attention_mask: Any,
+    scale: float | None,
+    sliding_window: int | None,
+    causal: bool,
+    softcap: float | None,
+    dropout: float,
+    allowed: Any = None,
 ) -> Any:
-    """The fallback: SDPA with an explicit boolean mask (bottom-right causal for a cache)."""
+    """What the FA4 path does not cover, in PyTorch: ``allowed`` (``[B, 1, Tq, Tk]``
+    booleans: the step's document mask) where given, else a mask from ``attention_mask``
+    or causal (bottom-right for a cache) with the window. SDPA where it computes the same;
+    softcapping and attention dropout are applied by hand, as transformers' eager path does."""
     import torch
 
     B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
-    if attention_mask is not None and attention_mask.dim() == 4:
+    if allowed is None and attention_mask is not None and attention_mask.dim() == 4:
         allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-    else:
+    elif allowed is None:
         i = torch.arange(Tq, device=q.device).view(Tq, 1) + (Tk - Tq)
         j = torch.arange(Tk, device=q.device).view(1, Tk)
         allowed = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
@@ -187,11 +218,23 @@ def _sdpa(
         allowed = allowed.view(1, 1, Tq, Tk)
         if attention_mask is not None:
             allowed = allowed & attention_mask[:, -Tk:].bool().view(B, 1, 1, Tk)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed, scale=scale,
-        enable_gqa=q.shape[2] != k.shape[2],
-    )  # fmt: skip
-    return out.transpose(1, 2)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if not softcap and not dropout:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=allowed, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
+        )
+        return out.transpose(1, 2)
+    group = q.shape[2] // k.shape[2]
+    kt, vt = (t.repeat_interleave(group, dim=1) for t in (kt, vt))
+    scores = torch.matmul(qt, kt.transpose(2, 3)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout:
+        probs = torch.nn.functional.dropout(probs, p=dropout)
+    return torch.matmul(probs, vt).transpose(1, 2)
 
 
 def _fix_flash_attention_4() -> None:

@@ -141,6 +141,8 @@ def compile_spec(spec: KernelSpec) -> None:
     hkv = spec.heads_kv or spec.heads
     dv = spec.head_dim_v or spec.head_dim
     causal = spec.mask == "causal"
+    if mask is not None:
+        mask = mask.for_head_dim(spec.head_dim)
     with record_spec(spec.to_dict()), FakeTensorMode():
         B, T = spec.batch, spec.seqlen if mask is None else mask.seqlen
         q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")

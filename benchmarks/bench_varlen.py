@@ -26,12 +26,71 @@ def causal_pairs(lens: list[int], window: int | None = None) -> float:
     return sum(sum(min(m + 1, window + 1) for m in range(n)) for n in lens)
 
 
+def other_documents(T: int) -> list[int]:
+    """The documents of the prefix-LM / window / draft section (seeded: the same every run)."""
+    return doc_lengths(T, random.Random(T + 5), 512, 8192)
+
+
+def tile_pairs(lens: list[int], window: int | None, tile_m: int, tile_n: int) -> int:
+    """(query, key) pairs in the tiles a varlen causal/window kernel computes for documents
+    of ``lens`` tokens: every (tile_m x tile_n) tile of each document that holds a visible pair."""
+    total = 0
+    for n in lens:
+        for r0 in range(0, n, tile_m):
+            r1 = min(n, r0 + tile_m) - 1
+            lo = 0 if window is None else max(0, r0 - window)
+            total += (r1 // tile_n - lo // tile_n + 1) * tile_m * tile_n
+    return total
+
+
+# FA4 4.0.0b36's sm90 tiles at d=128 for causal and local masks: forward 128x128,
+# backward 64 query rows by 128 keys.
+FWD_TILE, BWD_TILE = (128, 128), (64, 128)
+WINDOWS = (512, 1024, 2048, 4096)
+
+
+def tile_ceiling(lens: list[int], window: int, tile: tuple[int, int]) -> float:
+    """The most useful TFLOP/s a window can reach relative to causal on these documents
+    if every computed tile ran at causal's speed: the two masks' shares of useful pairs
+    among the pairs their tiles compute."""
+    useful = causal_pairs(lens, window) / tile_pairs(lens, window, *tile)
+    return useful / (causal_pairs(lens) / tile_pairs(lens, None, *tile))
+
+
+def ceiling_rows(T: int, lens: list[int]) -> list[list[Any]]:
+    return [
+        [T, f"window {w}", causal_pairs(lens, w) / sum(lens),
+         f"{100 * tile_ceiling(lens, w, FWD_TILE):.0f}%", f"{100 * tile_ceiling(lens, w, BWD_TILE):.0f}%"]
+        for w in WINDOWS
+    ]  # fmt: skip
+
+
+CEILING_HEADING = (
+    "Tile ceiling of FA4's sliding window against causal, computed (no GPU): useful pairs over "
+    "the pairs the kernel's tiles compute, window over causal, same documents (forward tiles "
+    f"{FWD_TILE}, backward {BWD_TILE})"
+)
+CEILING_COLUMNS = ["tokens", "FA4 varlen", "keys per query", "fwd ceiling vs causal", "bwd ceiling vs causal"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536, 131072])
     p.add_argument("--other-lengths", type=int, nargs="+", default=[16384, 65536])
     p.add_argument("--no-flex", action="store_true")
+    p.add_argument(
+        "--tile-ceiling", action="store_true", help="only the window tile-ceiling table (CPU, no GPU)"
+    )
     a = p.parse_args()
+    if a.tile_ceiling:
+        rows = [r for T in a.other_lengths for r in ceiling_rows(T, other_documents(T))]
+        save(
+            "varlen_window_tile_ceiling",
+            "FA4 sliding window: tile ceiling against causal (computed)",
+            [(CEILING_HEADING, table(CEILING_COLUMNS, rows))],
+            {"rows": rows},
+        )
+        return
 
     import torch
     import triton.testing as tt
@@ -62,7 +121,7 @@ def main() -> None:
         (the kernel fa4cache.attention calls for window masks) at several widths: where a
         window's useful TFLOP/s go, and how they grow with the keys each query sees."""
         cases = {"causal": ({"causal": True}, causal_pairs(lens))}
-        for w in (512, 1024, 2048, 4096):
+        for w in WINDOWS:
             cases[f"window {w}"] = ({"causal": True, "window_size": (w, 0)}, causal_pairs(lens, w))
         fns = {
             name: (
@@ -90,6 +149,7 @@ def main() -> None:
 
     plain_rows: list[list[Any]] = []
     anatomy_rows: list[list[Any]] = []
+    ceiling: list[list[Any]] = []
     other_rows: list[list[Any]] = []
     meta_rows: list[list[Any]] = []
     data: dict[str, Any] = {"plain": [], "other": []}
@@ -146,8 +206,7 @@ def main() -> None:
     # ------------------------------------------------------------ prefix-LM, window, draft
     H = 16
     for T in a.other_lengths:
-        rng = random.Random(T + 5)
-        lens = doc_lengths(T, rng, 512, 8192)
+        lens = other_documents(T)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         maxlen = max(lens)
         q, k, v = (
@@ -257,6 +316,7 @@ def main() -> None:
                  "ours_rel_err_vs_fp32": ours_err}
             )  # fmt: skip
         anatomy_rows.extend(anatomy(T, q, k, v, dout, cu, maxlen, lens, flops))
+        ceiling.extend(ceiling_rows(T, lens))
         a_ms = sorted(anchor_ms)[len(anchor_ms) // 2]
         other_rows.append(
             [T, "FA4 varlen causal (anchor, median of the groups)", "-", a_ms,
@@ -295,6 +355,7 @@ def main() -> None:
             table(["tokens", "FA4 varlen", "keys per query", "fwd ms", "fwd TFLOP/s", "fwd vs causal",
                    "bwd ms", "bwd TFLOP/s", "bwd vs causal"], anatomy_rows),
         ),
+        (CEILING_HEADING, table(CEILING_COLUMNS, ceiling)),
         ("Metadata (median ms)", table(["tokens", "builder", "ms"], meta_rows)),
     ]  # fmt: skip
     save("varlen_h200", "fa4cache.attention: per-document tiling on FA4 varlen", sections, data)

@@ -39,15 +39,21 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/r
 if has tests || has fuzz; then
   # The mask fuzz test: 8 shards in 8 processes (the kernels compile once, single-flight, in the store).
   start=$(date +%s)
+  # Drawn here so that the log names it (pytest -q prints no header): FA4CACHE_FUZZ_SEED replays.
+  export FA4CACHE_FUZZ_SEED=${FA4CACHE_FUZZ_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(1 << 30))")}
+  echo "FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log"
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu -n 8 "$repo/tests/test_gpu_fuzz.py" 2>&1 | tee "$res/gpu_fuzz.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" | head -80 | tee -a "$out/run.log")
-  echo "fuzz wall time: $(( $(date +%s) - start )) s" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
+     -o addopts="" -m gpu -n 8 "$repo/tests/test_gpu_fuzz.py" > "$res/gpu_fuzz.log" 2>&1)
+  # The whole log first, then the summary from it: a pipe into head would cut pytest short.
+  grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" "$res/gpu_fuzz.log" | head -80 | tee -a "$out/run.log"
+  echo "fuzz wall time: $(( $(date +%s) - start )) s, FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
 fi
 if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" "$repo/tests/test_gpu_transformers.py" 2>&1 | tee "$res/gpu_tests.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" | head -60 | tee -a "$out/run.log")
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" "$repo/tests/test_gpu_transformers.py" > "$res/gpu_tests.log" 2>&1)
+  grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_tests.log" | head -60 | tee -a "$out/run.log"
 fi
 if has tests || has masks; then
   timeout 540 python3 benchmarks/bench_masks.py 2>&1 | tail -70 | tee -a "$out/run.log"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +15,11 @@ ROW_PAD = 256
 BIG = 1 << 30
 
 _KEYS = ("mask_mod", "aux_tensors", "block_sparse_tensors", "block_sparse_tensors_bwd")
+
+# Block-sparse metadata object (by id) -> the mask holding it: FA4's entry points receive
+# only the metadata, and find the mask here to fit it to the call's head dim
+# (fa4cache.adapters.mask_tiles). Weak: a mask's lifetime is its user's business.
+_OWNERS: weakref.WeakValueDictionary[int, AttentionMask] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,63 @@ class AttentionMask(Mapping[str, Any]):
     intervals: tuple[Any, Any] = field(repr=False)
     # The documents as FA4 varlen sequences (document masks only): see fa4cache.varlen.
     varlen: Any = field(default=None, repr=False)
+    # for_head_dim's masks, by tiles: a model's layers reuse one mask.
+    _fitted: dict[Any, AttentionMask] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _base: AttentionMask | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for t in (self.block_sparse_tensors, self.block_sparse_tensors_bwd):
+            if t is not None:
+                _OWNERS[id(t)] = self
+
+    @staticmethod
+    def owning(block_sparse_tensors: Any) -> AttentionMask | None:
+        """The live mask whose forward or backward metadata is this very object, if any."""
+        mask = _OWNERS.get(id(block_sparse_tensors))
+        if mask is None:
+            return None
+        if (
+            block_sparse_tensors is mask.block_sparse_tensors
+            or block_sparse_tensors is mask.block_sparse_tensors_bwd
+        ):
+            return mask
+        return None
+
+    def for_head_dim(self, head_dim: int) -> AttentionMask:
+        """This mask with its block-sparse metadata on the tiles FA4 uses for ``head_dim``
+        (of q and k): ``self`` where they already fit, else a copy whose metadata is
+        rebuilt from the same intervals (once; later calls return the same copy).
+
+        Masks are built on the tiles of head dims up to 128; on sm_90, 192 and 256 need
+        narrower key tiles (:func:`fa4cache.tiles.head_dim_tiles`). :func:`fa4cache.attention`
+        calls this, and so does ``flash_attn_func(q, k, v, **mask)`` after ``install()``;
+        without ``install()``, write ``flash_attn_func(q, k, v, **mask.for_head_dim(192))``.
+        """
+        if self._base is not None:  # a fitted copy: fit the mask as built
+            return self._base.for_head_dim(head_dim)
+        from .tiles import head_dim_tiles, target_arch
+
+        want = head_dim_tiles(target_arch(self.aux_tensors[0].device), head_dim)
+        if want is None or self.block_sparse_tensors is None:
+            return self
+        have = (tuple(self.block_sparse_tensors.block_size), tuple(self.block_sparse_tensors_bwd.block_size))
+        if have == want:
+            return self
+        fitted = self._fitted.get(want)
+        if fitted is None:
+            from .blocksparse import block_sparse_tensors
+
+            fwd, bwd = block_sparse_tensors(
+                *self.intervals,
+                seqlen_q=self.seqlen,
+                seqlen_k=self.seqlen,
+                block_size=want[0],
+                bwd_block_size=want[1],
+            )
+            fitted = dataclasses.replace(self, block_sparse_tensors=fwd, block_sparse_tensors_bwd=bwd)
+            object.__setattr__(fitted, "_base", self)
+            self._fitted[want] = fitted
+        return fitted
 
     def __getitem__(self, key: str) -> Any:
         if key not in _KEYS:

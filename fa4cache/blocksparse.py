@@ -160,8 +160,13 @@ def _pow2(x: int) -> bool:
 
 
 def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int, int] | None) -> bool:
-    """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out)."""
+    """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out);
+    not on fake ones (a mask built under ``FakeTensorMode`` to cross-compile), which have no values."""
     if not lo.is_cuda or not setting("FA4CACHE_TRITON"):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(lo):
         return False
     if not all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size))):
         return False

@@ -11,6 +11,13 @@ sm_100+   (256, 128): two     (128, 256): the key side covers two 128-key tiles,
           Q stages of 128     the backward can run 2-CTA (required for head_dim 192)
 ========  ==================  ======================================================
 
+The defaults serve head dims up to 128. On sm_90 FA4's kernels take narrower key tiles
+past that, and a block-sparse key side must equal the backward's key tile: 96 for head
+dim 129-192, 64 for 193-256 (:func:`head_dim_tiles`). A mask is built before it sees
+``q``, on the defaults; :meth:`fa4cache.AttentionMask.for_head_dim` rebuilds its metadata
+on these tiles (``fa4cache.attention`` and, after ``install()``, ``flash_attn_func(q, k, v,
+**mask)`` call it for you).
+
 A test cross-compiles the defaults with FA4 and checks that FA4 rejects what
 :func:`check_tile` rejects. The target arch is ``FLASH_ATTENTION_ARCH`` when set (a
 cross-compile), else the arch of the CUDA device the mask is built on, else sm_90.
@@ -70,6 +77,23 @@ def rule_for(arch: int) -> TileRule:
 def default_tiles(arch: int) -> tuple[tuple[int, int], tuple[int, int]]:
     rule = rule_for(arch)
     return rule.fwd, rule.bwd
+
+
+def head_dim_tiles(arch: int, head_dim: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The (forward, backward) tiles FA4 needs for ``head_dim`` (of q and k) where the
+    arch's defaults do not fit it; ``None`` where they do.
+
+    On sm_90 (FA4 4.0.0b36) the backward's key tile is 128 up to head dim 128, 96 up to
+    192 (whatever the value dim) and 64 (with block sparsity) up to 256, and the sparse key
+    side must equal it; the forward shrinks its own key tile (112 or 128, 80 at 256) to a
+    narrower sparse one.
+    """
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
+    if arch // 10 != 9 or head_dim <= 128:
+        return None
+    key = 96 if head_dim <= 192 else 64
+    return (128, key), (128, key)
 
 
 def check_tile(tile: Any, arch: int, *, name: str, backward: bool = False) -> tuple[int, int]:

@@ -1,7 +1,10 @@
 """Random masks on the GPU: every row of every batch against a float32 brute-force reference.
 
-Each case draws a batch size (1-4), query/KV heads (MHA and GQA), a head dim (64, 128),
-a total length (rarely a multiple of 128), a packing per row (1-token documents,
+Each case draws a batch size (1-4), query/KV heads (MHA and GQA groups of 2, 3, 4 and 7),
+a head dim (64, 96, 128, 192, 256; 192 with a value dim of 128), bf16 or fp16, how
+q/k/v lie in memory (contiguous, ``[B, H, T, D]`` transposed, slices of one packed qkv
+projection), the softmax scale, a total length (rarely a multiple of 128), a packing per
+row (1-token documents,
 boundaries on tile edges, rows with one document), a mask option (causal,
 bidirectional, window, prefix-LM, draft-block), how the mask is given (``cu_seqlens``,
 ``document_ids``, ``DocumentMaskBuilder``) and the metadata path (Triton or PyTorch).
@@ -11,8 +14,8 @@ It checks:
   with the explicit boolean mask, as close as plain bf16 arithmetic gets, through both
   ``flash_attn_func(q, k, v, **mask)`` (block-sparse, global tile grid) and
   ``fa4cache.attention(q, k, v, mask)`` (FA4 varlen for document masks);
-* the forward and backward block lists against brute-force tile classification of
-  the boolean mask (every visible tile listed, every "full" tile fully visible, no
+* the forward and backward block lists (also those refitted for head dims 192 and 256)
+  against brute-force tile classification of the boolean mask (every visible tile listed, every "full" tile fully visible, no
   index twice), and the two metadata paths against each other.
 
 ``FA4CACHE_FUZZ_SEED`` replays a run; every failure message names the seed and the case.
@@ -62,7 +65,8 @@ def draw_case(rng: random.Random) -> dict[str, Any]:
         source = "document_ids"  # the builder has no prefix-LM option
     B = 1 if source in ("cu_seqlens", "builder") else rng.randint(1, 4)
     hkv = rng.choice([1, 2])
-    group = rng.choice([1, 4])  # 1: MHA, 4: GQA
+    group = rng.choice([1, 1, 2, 3, 4, 4, 7])  # 1: MHA; 7: Qwen2.5-0.5B's 14/2
+    D, Dv = rng.choice([(64, 64), (96, 96), (128, 128), (128, 128), (192, 192), (192, 128), (256, 256)])
     case: dict[str, Any] = {
         "option": option,
         "source": source,
@@ -70,7 +74,11 @@ def draw_case(rng: random.Random) -> dict[str, Any]:
         "B": B,
         "Hq": hkv * group,
         "Hkv": hkv,
-        "D": rng.choice([64, 128]),
+        "D": D,
+        "Dv": Dv,
+        "dtype": rng.choice(["bfloat16", "bfloat16", "float16"]),
+        "layout": rng.choice(["contiguous", "contiguous", "bhtd", "qkv"]),
+        "scale": None if rng.random() < 0.7 else round(rng.uniform(0.03, 0.3), 4),
     }
     if option == "draft":
         case["context_len"] = rng.randint(1, 700)
@@ -181,24 +189,40 @@ def _same_lists(a: Any, b: Any) -> None:
         )
 
 
-def _attention(q: Any, k: Any, v: Any, dense: Any, dtype: Any) -> Any:
+def _attention(q: Any, k: Any, v: Any, dense: Any, scale: float, exact: bool) -> Any:
+    """Reference attention: float32 arithmetic (``exact``), or SDPA in the inputs' dtype."""
     import torch
 
     group = q.shape[2] // k.shape[2]
     k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    if dtype == torch.float32:
-        s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) / q.shape[-1] ** 0.5
+    if exact:
+        s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * scale
         s = s.masked_fill(~dense[:, None], float("-inf"))
         return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.float())
     o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=dense[:, None]
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=dense[:, None], scale=scale
     )
     return o.transpose(1, 2)
 
 
-def _grads(fn: Any, q: Any, k: Any, v: Any, dout: Any) -> list[Any]:
+def _lay_out(q: Any, k: Any, v: Any, layout: str) -> tuple[Any, Any, Any]:
+    """``q``/``k``/``v`` (``[B, T, H, D]``) as views with another memory layout, differentiably:
+    ``bhtd``: stored ``[B, H, T, D]``; ``qkv``: slices of one ``[B, T, Hq + 2 Hkv, D]`` tensor, as
+    a fused projection gives them (``bhtd`` when the value dim differs)."""
+    import torch
+
+    if layout == "qkv" and q.shape[-1] == v.shape[-1]:
+        packed = torch.cat([q, k, v], dim=2)
+        hq, hkv = q.shape[2], k.shape[2]
+        return packed[:, :, :hq], packed[:, :, hq : hq + hkv], packed[:, :, hq + hkv :]
+    if layout in ("bhtd", "qkv"):
+        return tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
+    return q, k, v
+
+
+def _grads(fn: Any, q: Any, k: Any, v: Any, dout: Any, layout: str = "contiguous") -> list[Any]:
     qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = fn(qq, kk, vv)
+    out = fn(*_lay_out(qq, kk, vv, layout))
     out = out[0] if isinstance(out, tuple) else out
     out.backward(dout)
     return [out.detach(), qq.grad, kk.grad, vv.grad]
@@ -212,26 +236,38 @@ def check_attention(mask: Any, case: dict[str, Any], seed: int) -> None:
 
     torch.manual_seed(seed)
     B, T, dev = mask.batch, mask.seqlen, "cuda"
-    q = torch.randn(B, T, case["Hq"], case["D"], device=dev, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, T, case["Hkv"], case["D"], device=dev, dtype=torch.bfloat16) for _ in range(2))
-    dout = torch.randn_like(q)
+    dtype = getattr(torch, case.get("dtype", "bfloat16"))
+    D, Dv = case["D"], case.get("Dv", case["D"])
+    layout, given_scale = case.get("layout", "contiguous"), case.get("scale")
+    scale = D**-0.5 if given_scale is None else given_scale
+    q = torch.randn(B, T, case["Hq"], D, device=dev, dtype=dtype)
+    k = torch.randn(B, T, case["Hkv"], D, device=dev, dtype=dtype)
+    v = torch.randn(B, T, case["Hkv"], Dv, device=dev, dtype=dtype)
+    dout = torch.randn(B, T, case["Hq"], Dv, device=dev, dtype=dtype)
     dense = mask.dense()
-    ref = _grads(lambda a, b, c: _attention(a, b, c, dense, torch.float32), q, k, v, dout)
-    base = _grads(lambda a, b, c: _attention(a, b, c, dense, torch.bfloat16), q, k, v, dout)
+    ref = _grads(lambda a, b, c: _attention(a, b, c, dense, scale, exact=True), q, k, v, dout)
+    base = _grads(lambda a, b, c: _attention(a, b, c, dense, scale, exact=False), q, k, v, dout)
     paths = {
-        "flash_attn_func(**mask)": lambda a, b, c: flash_attn_func(a, b, c, **mask),
-        "fa4cache.attention": lambda a, b, c: fa4cache.attention(a, b, c, mask),
+        "flash_attn_func(**mask)": lambda a, b, c: flash_attn_func(
+            a, b, c, softmax_scale=given_scale, **mask
+        ),
+        "fa4cache.attention": lambda a, b, c: fa4cache.attention(a, b, c, mask, softmax_scale=given_scale),
     }
+    if case["Hq"] != case["Hkv"] and Dv != D:
+        # FA4's own limit ("GQA backward requires head_dim == head_dim_v");
+        # fa4cache.attention expands k/v there.
+        del paths["flash_attn_func(**mask)"]
     for path, fn in paths.items():
-        got = _grads(fn, q, k, v, dout)
+        got = _grads(fn, q, k, v, dout, layout)
         for name, g, r, bl in zip(("out", "dq", "dk", "dv"), got, ref, base):
+            assert g.shape == r.shape, f"{path}: {name}: shape {tuple(g.shape)}, expected {tuple(r.shape)}"
             assert bool(torch.isfinite(g).all()), f"{path}: {name}: non-finite values"
             for row in range(B):
                 rn = r[row].float().norm().clamp_min(1e-12)
                 err = float((g[row].float() - r[row].float()).norm() / rn)
                 berr = float((bl[row].float() - r[row].float()).norm() / rn)
                 assert err <= 2 * berr + 2e-3, (
-                    f"{path}: {name} of batch row {row}: rel err {err:.2e}, bf16 baseline {berr:.2e}"
+                    f"{path}: {name} of batch row {row}: rel err {err:.2e}, {dtype} baseline {berr:.2e}"
                 )
 
 
@@ -241,6 +277,10 @@ def run_case(case: dict[str, Any], seed: int, monkeypatch: pytest.MonkeyPatch) -
     dense = mask.dense()
     check_block_lists(mask, dense, mask.block_sparse_tensors, transposed=False)
     check_block_lists(mask, dense, mask.block_sparse_tensors_bwd, transposed=True)
+    fitted = mask.for_head_dim(case["D"])  # other key tiles at head dims 192 and 256
+    if fitted is not mask:
+        check_block_lists(fitted, dense, fitted.block_sparse_tensors, transposed=False)
+        check_block_lists(fitted, dense, fitted.block_sparse_tensors_bwd, transposed=True)
     if case["source"] != "builder":
         monkeypatch.setenv("FA4CACHE_TRITON", "0" if case["triton"] else "1")
         other = build_mask(case)

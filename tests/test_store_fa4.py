@@ -123,7 +123,15 @@ patched = {n for n, o in vars(fi).items() if getattr(o, '__fa4cache_guard__', Fa
 assert {'_flash_attn_fwd', '_flash_attn_bwd', '_bwd_preprocess', '_bwd_postprocess_convert'} <= patched, patched
 assert type(fi._flash_attn_fwd.compile_cache).__name__ == 'StoreCompileCache'
 fa4cache.install()  # again: no double wrapping
-assert not getattr(fi._flash_attn_fwd.__wrapped__, '__fa4cache_guard__', False)
+def layers(f):
+    while f is not None:
+        yield f
+        f = getattr(f, '__wrapped__', None)
+for name in ('_flash_attn_fwd', '_flash_attn_bwd'):
+    chain = list(layers(getattr(fi, name)))
+    fits = [o for o in chain if getattr(o, '__fa4cache_fits_masks__', False)]
+    guards = [o for o in chain if getattr(o, '__fa4cache_guard__', False) and o not in fits]
+    assert len(fits) == 1 and len(guards) == 1, (name, chain)
 fa4cache.uninstall(); fa4cache.uninstall()
 from flash_attn.cute.cache_utils import JITCache
 assert isinstance(fi._flash_attn_fwd.compile_cache, JITCache)

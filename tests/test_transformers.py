@@ -385,3 +385,61 @@ def test_unpacked_batches_match_sdpa(adapter: Any, name: str) -> None:
         got = _model(cfg, "fa4cache")(input_ids=ids).logits
         want = _model(cfg, "sdpa")(input_ids=ids).logits
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_softcapped_packed_batch_falls_back_and_keeps_documents_apart(adapter: Any, caplog: Any) -> None:
+    # Gemma 2 softcaps attention logits, which the FA4 path does not take: the fallback must
+    # still keep packed documents apart (and softcap, as transformers' eager path does).
+    from transformers import Gemma2Config
+
+    cfg = Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=6, attn_logit_softcapping=3.0,
+        query_pre_attn_scalar=16,
+    )  # fmt: skip
+    import copy
+
+    uncapped_cfg = copy.deepcopy(cfg)
+    uncapped_cfg.attn_logit_softcapping = None
+    models = [_model(c, impl) for c, impl in ((cfg, "fa4cache"), (cfg, "eager"), (uncapped_cfg, "eager"))]
+    for m in models:  # logits large enough for the cap to bite (random init gives tiny ones)
+        for name, w in m.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                w.data *= 40
+    packed_model, eager_model, uncapped_model = models
+    lens = [5, 11, 1, 8]
+    ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        packed = packed_model(input_ids=ids, position_ids=pos).logits[0]
+        alone = torch.cat([eager_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+        uncapped = uncapped_model(input_ids=ids[:, cu[1] : cu[2]]).logits[0]
+    torch.testing.assert_close(packed, alone, atol=1e-4, rtol=1e-4)
+    # Without the cap the logits differ: the comparison above can see a missing softcap.
+    assert not torch.allclose(uncapped, alone[cu[1] : cu[2]], atol=1e-2)
+    assert [r.getMessage() for r in caplog.records if "softcapping" in r.getMessage()]
+
+
+def test_dropout_fallback_keeps_documents_apart(adapter: Any) -> None:
+    # With attention dropout the fallback drops probabilities; a document's output must still
+    # not depend on another document's tokens (the seed fixes the dropout pattern).
+    from fa4cache.adapters import transformers as fht
+
+    torch.manual_seed(0)
+    B, T, H, D = 1, 12, 2, 8
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    module = type("M", (), {"is_causal": True})()
+
+    def run(kk: Any, vv: Any) -> Any:
+        torch.manual_seed(1)
+        return fht.attention_forward(module, q, kk, vv, None, dropout=0.3, position_ids=pos)[0]
+
+    out = run(k, v)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :5] += 5.0  # change only the first document's keys and values
+    v2[:, :, :5] -= 3.0
+    out2 = run(k2, v2)
+    assert torch.equal(out[:, 5:], out2[:, 5:]), "the second document saw the first one"
+    assert not torch.equal(out[:, :5], out2[:, :5])
