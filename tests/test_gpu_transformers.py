@@ -28,7 +28,7 @@ def _rel(a: Any, b: Any) -> float:
 
 
 def _configs() -> dict[str, Any]:
-    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config
 
     small = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3}
     return {
@@ -38,6 +38,15 @@ def _configs() -> dict[str, Any]:
         "mistral-sliding": MistralConfig(
             **small, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=100
         ),
+        # Head dim 256, sliding and full layers alternating, q/k norms.
+        "gemma3-d256": Gemma3TextConfig(
+            **small,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=256,
+            sliding_window=100,
+            query_pre_attn_scalar=256,
+        ),  # fmt: skip
     }
 
 
