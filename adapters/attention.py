@@ -50,11 +50,7 @@ def attention(
             f"mask: expected an AttentionMask (make_document_mask, ...), got {type(mask).__name__}"
         )
     mask.check(q)
-    for name, t in (("k", k), ("v", v)):
-        if t.dim() != 4 or t.shape[:2] != q.shape[:2]:
-            raise ValueError(
-                f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
-            )
+    _check_inputs(q, k, v)
     k, v = _kv_for_backward(q, k, v)
     if mask.varlen is None or dense:
         fitted = mask.for_head_dim(int(q.shape[-1]))
@@ -68,6 +64,26 @@ def attention(
     else:
         out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale)
     return out.view(*q.shape[:2], *out.shape[1:])
+
+
+def _check_inputs(q: Any, k: Any, v: Any) -> None:
+    """``ValueError`` naming the tensor for what FA4 would reject with a bare assertion
+    (FA4's own messages for dtypes are clear, and its CPU test doubles take float32)."""
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 4 or t.shape[:2] != q.shape[:2]:
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not match q's batch and length {tuple(q.shape[:2])}"
+            )
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: head dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"v: {v.shape[2]} heads, k has {k.shape[2]}")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"q: {q.shape[2]} query heads are not a multiple of k/v's {k.shape[2]} heads (GQA groups)"
+        )
 
 
 def _kv_for_backward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:

@@ -115,3 +115,27 @@ def test_block_sparse_kernels_cross_compile_at_head_dims_192_and_256(tmp_path: P
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert "2 specs, 8 kernels compiled, 0 failed" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((1, 12, 6, 64), (1, 12, 4, 64), (1, 12, 4, 64)), "q: 6 query heads are not a multiple of k/v's 4"),
+        (((1, 12, 4, 64), (1, 12, 4, 128), (1, 12, 4, 64)), "k: head dim 128 differs from q's 64"),
+        (((1, 12, 4, 64), (1, 12, 2, 64), (1, 12, 4, 64)), "v: 4 heads, k has 2"),
+        (((1, 12, 4, 64), (1, 11, 4, 64), (1, 12, 4, 64)), "k: shape (1, 11, 4, 64) does not match q's"),
+    ],
+)
+def test_attention_names_the_tensor_fa4_would_reject_without_a_message(
+    shapes: tuple[tuple[int, ...], ...], message: str
+) -> None:
+    # FA4 checks these with assertions, those on k's head dim and v's heads without a message.
+    import torch
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    mask = make_document_mask(torch.tensor([0, 5, 12]))
+    q, k, v = (torch.zeros(s, dtype=torch.bfloat16) for s in shapes)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        fa4cache.attention(q, k, v, mask)
