@@ -250,3 +250,26 @@ def test_torch_compile_matches_eager() -> None:
         assert abs(float(got[0][0]) - float(got[1][0])) < 2e-2 * abs(float(got[0][0]))
         assert _rel(got[1][1], got[0][1]) < 5e-2
     dynamo_config.error_on_recompile = False
+
+
+def test_softcapped_packed_batch_falls_back_and_keeps_documents_apart() -> None:
+    # Gemma 2 softcaps attention logits: the fallback (PyTorch, bf16 on the GPU) must keep the
+    # packed documents apart and cap as transformers' eager attention does.
+    import torch
+    from fa4cache.adapters import transformers as fht
+    from transformers import Gemma2Config
+
+    fht.register()
+    cfg = Gemma2Config(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, sliding_window=100, query_pre_attn_scalar=64,
+        attn_logit_softcapping=5.0,
+    )  # fmt: skip
+    ours, ref = _model(cfg, "fa4cache"), _model(cfg, "eager")
+    lens = [300, 1, 515, 37, 400]
+    b = _packed(lens, cfg.vocab_size)
+    with torch.no_grad():
+        out = ours(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
+        cu = b["cu"].tolist()
+        alone = torch.cat([ref(input_ids=b["input_ids"][:, a:e]).logits for a, e in zip(cu[:-1], cu[1:])], 1)
+    assert _rel(out, alone) < 2e-2, _rel(out, alone)
