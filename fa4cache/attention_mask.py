@@ -40,6 +40,9 @@ class AttentionMask(Mapping[str, Any]):
     intervals: tuple[Any, Any] = field(repr=False)
     # The documents as FA4 varlen sequences (document masks only): see fa4cache.varlen.
     varlen: Any = field(default=None, repr=False)
+    # True for a DocumentMaskBuilder's masks: a graph replay rewrites their tensors in
+    # place for each new packing, so nothing derived from them may be cached.
+    rewritten_in_place: bool = field(default=False, repr=False)
     # for_head_dim's masks, by tiles: a model's layers reuse one mask.
     _fitted: dict[Any, AttentionMask] = field(default_factory=dict, init=False, repr=False, compare=False)
     _base: AttentionMask | None = field(default=None, init=False, repr=False, compare=False)
@@ -65,7 +68,8 @@ class AttentionMask(Mapping[str, Any]):
     def for_head_dim(self, head_dim: int) -> AttentionMask:
         """This mask with its block-sparse metadata on the tiles FA4 uses for ``head_dim``
         (of q and k): ``self`` where they already fit, else a copy whose metadata is
-        rebuilt from the same intervals (once; later calls return the same copy).
+        rebuilt from the same intervals (once; later calls return the same copy, except
+        for a builder's mask, whose tensors change in place: rebuilt on every call).
 
         Masks are built on the tiles of head dims up to 128; on sm_90, 192 and 256 need
         narrower key tiles (:func:`fa4cache.tiles.head_dim_tiles`). :func:`fa4cache.attention`
@@ -95,7 +99,8 @@ class AttentionMask(Mapping[str, Any]):
             )
             fitted = dataclasses.replace(self, block_sparse_tensors=fwd, block_sparse_tensors_bwd=bwd)
             object.__setattr__(fitted, "_base", self)
-            self._fitted[want] = fitted
+            if not self.rewritten_in_place:
+                self._fitted[want] = fitted
         return fitted
 
     def __getitem__(self, key: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .attention_mask import AttentionMask, as_int_tensor
@@ -97,9 +98,10 @@ class DocumentMaskBuilder:
             torch.cuda.current_stream(self.device).wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                slot["mask"] = make_document_mask(
-                    slot["cu"], seqlen=self.seqlen, validate=False, **self.kwargs
-                )
+                captured = make_document_mask(slot["cu"], seqlen=self.seqlen, validate=False, **self.kwargs)
+            # Every call replays into these same tensors: say so, so that nothing derived
+            # from them is cached (AttentionMask.for_head_dim).
+            slot["mask"] = dataclasses.replace(captured, rewritten_in_place=True)
             slot["graph"] = g
         self._stage(slot, cu.to(torch.int32) if cu.dtype != torch.int32 else cu)
         slot["graph"].replay()

@@ -60,6 +60,30 @@ def test_refits_are_cached_and_lead_back_to_the_mask_as_built() -> None:
         mask.for_head_dim(0)
 
 
+def test_a_builders_mask_is_refitted_from_its_current_contents() -> None:
+    # DocumentMaskBuilder returns the same mask object on every call, its tensors rewritten
+    # in place by a graph replay: a cached refit would keep the first packing's tiles.
+    import dataclasses
+
+    import torch
+
+    from fa4cache.masks import make_document_mask
+    from tests.test_gpu_fuzz import check_block_lists
+
+    T = 900
+    first = make_document_mask(torch.tensor([0, 100, 101, 700, T]), seqlen=T, window=50)
+    second = make_document_mask(torch.tensor([0, 450, T]), seqlen=T, window=50)
+    live = dataclasses.replace(first, rewritten_in_place=True)
+    before = live.for_head_dim(192)
+    check_block_lists(before, first.dense(), before.block_sparse_tensors, transposed=False)
+    for mine, new in zip(first.intervals, second.intervals):
+        mine.copy_(new)  # what the builder's replay does
+    after = live.for_head_dim(192)
+    assert after is not before
+    check_block_lists(after, second.dense(), after.block_sparse_tensors, transposed=False)
+    check_block_lists(after, second.dense(), after.block_sparse_tensors_bwd, transposed=True)
+
+
 def test_entry_point_wrapper_swaps_only_a_live_masks_metadata() -> None:
     import torch
     from fa4cache.adapters.mask_tiles import wrap
