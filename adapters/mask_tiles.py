@@ -4,7 +4,8 @@ A mask's block-sparse metadata is built before it sees ``q``, on the tiles of he
 to 128. On sm_90 FA4 needs other key tiles at 192 and 256 and rejects the metadata
 ("Block sparsity expects sparse_block_size[1]=96 ..."). ``install()`` wraps FA4's two
 entry points so that metadata belonging to a live fa4cache mask is swapped for the mask's
-:meth:`~fa4cache.AttentionMask.for_head_dim` metadata (built once per mask and tile);
+:meth:`~fa4cache.AttentionMask.for_head_dim` metadata (built once per mask and tile, or
+per call for a builder's mask, whose tensors change in place);
 metadata from anywhere else passes through untouched.
 """
 
