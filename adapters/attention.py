@@ -92,7 +92,7 @@ def _kv_for_backward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
     which is exact and costs the expansion; elsewhere they are returned as they are."""
     import torch
 
-    group = q.shape[2] // max(k.shape[2], 1)
+    group = q.shape[2] // k.shape[2]  # _check_inputs: a positive divisor
     if group == 1 or q.shape[-1] == v.shape[-1] or not torch.is_grad_enabled():
         return k, v
     if not (q.requires_grad or k.requires_grad or v.requires_grad):

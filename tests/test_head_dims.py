@@ -55,7 +55,8 @@ def test_refits_are_cached_and_lead_back_to_the_mask_as_built() -> None:
     assert wide.for_head_dim(192) is wide
     # Everything but the metadata is the mask's own.
     assert wide.aux_tensors is mask.aux_tensors and wide.varlen is mask.varlen
-    assert make_document_mask(torch.tensor([0, 10]), block_sparse=False).for_head_dim(256) is not None
+    plain = make_document_mask(torch.tensor([0, 10]), block_sparse=False)
+    assert plain.for_head_dim(256) is plain  # no block-sparse metadata: nothing to refit
     with pytest.raises(ValueError, match="head_dim: expected a positive int"):
         mask.for_head_dim(0)
 

@@ -14,6 +14,7 @@ import logging
 import random
 import subprocess
 import sys
+import zlib
 from typing import Any
 
 import pytest
@@ -85,6 +86,19 @@ def _model(cfg: Any, impl: str) -> Any:
 def _packing(seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.choice([1, 2, 5, 9, 16, 23]) for _ in range(rng.randint(2, 6))]
+
+
+def _packed_and_alone(packed_model: Any, ref_model: Any, lens: list[int]) -> tuple[Any, list[int], Any, Any]:
+    """``(ids, offsets, packed, alone)``: logits of one row of documents of ``lens`` tokens
+    packed through ``packed_model`` (``position_ids`` restarting per document), and of each
+    document run alone through ``ref_model``."""
+    ids = torch.randint(0, packed_model.config.vocab_size, (1, sum(lens)))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = [0, *itertools.accumulate(lens)]
+    with torch.no_grad():
+        packed = packed_model(input_ids=ids, position_ids=pos).logits[0]
+        alone = torch.cat([ref_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+    return ids, cu, packed, alone
 
 
 @pytest.mark.parametrize("name", list(_configs()))
@@ -407,13 +421,9 @@ def test_softcapped_packed_batch_falls_back_and_keeps_documents_apart(adapter: A
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 w.data *= 40
     packed_model, eager_model, uncapped_model = models
-    lens = [5, 11, 1, 8]
-    ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
-    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
-    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
-        packed = packed_model(input_ids=ids, position_ids=pos).logits[0]
-        alone = torch.cat([eager_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        ids, cu, packed, alone = _packed_and_alone(packed_model, eager_model, [5, 11, 1, 8])
+    with torch.no_grad():
         uncapped = uncapped_model(input_ids=ids[:, cu[1] : cu[2]]).logits[0]
     torch.testing.assert_close(packed, alone, atol=1e-4, rtol=1e-4)
     # Without the cap the logits differ: the comparison above can see a missing softcap.
@@ -469,12 +479,6 @@ def test_other_model_families_pack_like_each_document_alone(adapter: Any, name: 
     # Beyond the four the issue names: other attention layouts (q/k norms, partial rotary,
     # MoE, alternating sliding layers) through the same interface, against "eager".
     cfg = _family_configs()[name]
-    packed_model, eager_model = _model(cfg, "fa4cache"), _model(cfg, "eager")
-    lens = [5, 11, 1, 8]
-    ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
-    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
-    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
-    with torch.no_grad():
-        packed = packed_model(input_ids=ids, position_ids=pos).logits[0]
-        alone = torch.cat([eager_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
-    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5)
+    lens = [*_packing(zlib.crc32(name.encode())), 1]  # and a 1-token document
+    _, _, packed, alone = _packed_and_alone(_model(cfg, "fa4cache"), _model(cfg, "eager"), lens)
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5, msg=lambda m: f"lens {lens}: {m}")
