@@ -6,8 +6,6 @@
   back. Causal, bidirectional and sliding-window masks are one call through FA4's
   varlen function; prefix-LM is two calls with disjoint query rows (the prefix
   bidirectional, the rest causal over the whole document, see :mod:`fa4cache.varlen`).
-  GQA runs its backward on k/v expanded to the query heads where that is faster
-  (:func:`.varlen_calls.expands_gqa`).
 * Everything else runs ``flash_attn_func`` with the mask's block-sparse metadata, as
   ``flash_attn_func(q, k, v, **mask)`` does: draft-block masks (a 16-token draft block
   would fill a 128-row varlen tile alone), custom templates.
@@ -61,7 +59,7 @@ def attention(
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.calls
-    if len(calls) == 1 and not varlen_calls.expands_gqa(q2, k2, v2):
+    if len(calls) == 1:
         out = _first(flash_attn_varlen_func(q2, k2, v2, softmax_scale=softmax_scale, **mask.varlen.kwargs()))
     else:
         out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale)

@@ -7,12 +7,6 @@ read get the sum of their dK/dV. FA4's private ``_flash_attn_fwd``/``_flash_attn
 take the preallocated outputs that makes possible (its public varlen function
 allocates its own). The same two functions serve :func:`fa4cache.attention` and the
 cross-compiler (called under ``FakeTensorMode``, where autograd cannot run).
-
-GQA backward on sm_90: FA4 accumulates each KV head's dK/dV from its query heads in
-float32 with atomics, into zeroed buffers that two more kernels convert. With k/v
-expanded to the query heads instead, its kernel stores dK/dV directly, and one sum folds
-the groups back (:func:`expands_gqa` says where; measured in
-``benchmarks/bench_gqa_backward.py``). Exact: the sum is the gradient of the expansion.
 """
 
 from __future__ import annotations
@@ -20,11 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fa4cache.tiles import target_arch
 from fa4cache.varlen import VarlenCall
-
-# GQA group sizes whose backward runs faster expanded on sm_90 (bench_gqa_backward.py).
-EXPANDED_GQA_GROUPS = range(2, 9)
 
 
 def flat_tokens(t: Any) -> Any:
@@ -59,24 +49,11 @@ def backward(
     lse: Any,
     calls: Sequence[VarlenCall],
     softmax_scale: float | None,
-    *,
-    expand_gqa: bool | None = None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``: the first call writes dK/dV for every key (its keys cover all
     tokens); a later call writes its own key rows of scratch buffers, and only those rows
-    are added (:mod:`.sequence_add`). ``expand_gqa``: run GQA expanded to the query heads
-    (default: :func:`expands_gqa`)."""
+    are added (:mod:`.sequence_add`)."""
     import torch
-
-    if expand_gqa is None:
-        expand_gqa = expands_gqa(q, k, v)
-    if expand_gqa and q.shape[1] != k.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        wide = (t.repeat_interleave(group, dim=1) for t in (k, v))
-        dq, dk_w, dv_w = backward(q, *wide, out, dout, lse, calls, softmax_scale, expand_gqa=False)
-        # Into k's and v's own layout, as FA4's empty_like gradients are.
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        return dq, sum_groups(dk_w, group, out=dk), sum_groups(dv_w, group, out=dv)
     from flash_attn.cute import interface as fi
 
     from .sequence_add import add_sequences_
@@ -95,26 +72,6 @@ def backward(
             add_sequences_(dk, dk_i, call.cu_seqlens_k, call.seqused_k)
             add_sequences_(dv, dv_i, call.cu_seqlens_k, call.seqused_k)
     return dq, dk, dv
-
-
-def expands_gqa(q: Any, k: Any, v: Any) -> bool:
-    """Whether :func:`backward` runs this GQA expanded: on sm_90 for the measured group
-    sizes, when q/k and v share a head dim (FA4's GQA backward refuses other value dims,
-    and :func:`fa4cache.attention` expands those itself). Decided from shapes and the
-    target arch alone, so a cross-compile builds the kernels a GPU run uses."""
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        return False
-    group = q.shape[1] // k.shape[1]
-    return group in EXPANDED_GQA_GROUPS and q.shape[-1] == v.shape[-1] and target_arch(q.device) // 10 == 9
-
-
-def sum_groups(g: Any, group: int, out: Any = None) -> Any:
-    """``[tokens, Hkv * group, D]`` gradients of keys expanded with ``repeat_interleave``
-    summed back to ``[tokens, Hkv, D]`` (torch accumulates half types in float32 and
-    rounds once, as FA4's float32 accumulators do)."""
-    import torch
-
-    return torch.sum(g.unflatten(1, (-1, group)), 2, out=out)
 
 
 def _function() -> Any:

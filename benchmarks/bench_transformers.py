@@ -94,13 +94,7 @@ def main() -> None:
 
     AttentionInterface.register("null", lambda module, q, k, v, mask, **kw: (q.transpose(1, 2), None))
     AttentionMaskInterface.register("null", fht.padding_mask)
-    # "fa4cache-fa4gqa": fa4cache with FA4's own GQA backward (no expansion), the A/B of
-    # varlen_calls.expands_gqa on the whole step.
-    AttentionInterface.register("fa4cache-fa4gqa", fht.attention_forward)
-    AttentionMaskInterface.register("fa4cache-fa4gqa", fht.padding_mask)
-    from fa4cache.adapters import varlen_calls
 
-    expanded_groups = varlen_calls.EXPANDED_GQA_GROUPS
     fa4cache.install()
     cfg = Qwen3Config(
         vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=a.layers,
@@ -123,7 +117,6 @@ def main() -> None:
         results: dict[str, Any] = {}
         for impl in a.impls:
             model = None
-            varlen_calls.EXPANDED_GQA_GROUPS = range(0) if impl == "fa4cache-fa4gqa" else expanded_groups
             try:
                 torch.manual_seed(0)
                 model = AutoModelForCausalLM.from_config(
@@ -187,7 +180,7 @@ def main() -> None:
                     "the faster of sdpa and flex; null: attention that costs nothing and gives k/v no "
                     "gradient; attention at peak (bound): fa4cache's step less its attention ops' GPU "
                     "time (profiler) plus the attention's FLOPs at the H200's 989.4 TFLOP/s dense BF16 "
-                    "peak, the bound for any exact attention; fa4cache-fa4gqa: FA4's own GQA backward)",
+                    "peak, the bound for any exact attention)",
                     table(
                         [
                             "tokens",

@@ -7,7 +7,6 @@
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
-#   PART=gqa     GQA backward: FA4's own against k/v expanded (bench_gqa_backward.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -37,9 +36,6 @@ fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
-if has gqa; then
-  timeout 400 python3 benchmarks/bench_gqa_backward.py 2>&1 | grep -v Warning | tail -30 | tee -a "$out/run.log"
-fi
 if has tests || has fuzz; then
   # The mask fuzz test: 8 shards in 8 processes (the kernels compile once, single-flight, in the store).
   start=$(date +%s)
