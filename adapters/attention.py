@@ -37,11 +37,14 @@ def attention(
     mask: AttentionMask,
     *,
     softmax_scale: float | None = None,
+    softcap: float | None = None,
     dense: bool = False,
 ) -> Any:
     """Attention of ``q`` ``[B, T, Hq, D]`` over ``k``/``v`` ``[B, T, Hkv, D]`` under ``mask``.
 
-    ``dense=True`` forces the block-sparse dense path (for comparison). Returns ``[B, T, Hq, Dv]``.
+    ``softcap``: logit softcapping, ``cap * tanh(scores / cap)`` before the softmax (Gemma
+    2), in FA4's kernels. ``dense=True`` forces the block-sparse dense path (for
+    comparison). Returns ``[B, T, Hq, Dv]``.
     """
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
@@ -51,18 +54,27 @@ def attention(
         )
     mask.check(q)
     _check_inputs(q, k, v)
+    if softcap is not None and (
+        not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not 0 <= softcap < float("inf")
+    ):
+        raise ValueError(f"softcap: expected a positive number (0 or None: no softcapping), got {softcap!r}")
+    softcap = float(softcap) if softcap else None
     k, v = _kv_for_backward(q, k, v)
     if mask.varlen is None or dense:
         fitted = mask.for_head_dim(int(q.shape[-1]))
-        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, **fitted))
+        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, softcap=softcap or 0.0, **fitted))
     from . import varlen_calls
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.calls
     if len(calls) == 1:
-        out = _first(flash_attn_varlen_func(q2, k2, v2, softmax_scale=softmax_scale, **mask.varlen.kwargs()))
+        out = _first(
+            flash_attn_varlen_func(
+                q2, k2, v2, softmax_scale=softmax_scale, softcap=softcap or 0.0, **mask.varlen.kwargs()
+            )
+        )
     else:
-        out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale)
+        out = varlen_calls.attention(q2, k2, v2, calls, softmax_scale, softcap)
     return out.view(*q.shape[:2], *out.shape[1:])
 
 

@@ -48,12 +48,14 @@ def forward(
     causal: bool,
     window: int | None,
     softmax_scale: float,
+    softcap: float,
     max_seqlen: int | None,
 ) -> tuple[Any, Any]:
-    """``(out [B, T, Hq, Dv], lse [Hq, B * T])`` for ``q`` ``[B, T, Hq, D]``."""
+    """``(out [B, T, Hq, Dv], lse [Hq, B * T])`` for ``q`` ``[B, T, Hq, D]``; ``softcap``
+    0 for none."""
     mask = _mask(q, source, kind, causal, window, max_seqlen)
     out, lse = varlen_calls.forward(
-        flat_tokens(q), flat_tokens(k), flat_tokens(v), mask.varlen.calls, softmax_scale
+        flat_tokens(q), flat_tokens(k), flat_tokens(v), mask.varlen.calls, softmax_scale, softcap
     )
     return out.contiguous().view(*q.shape[:3], v.shape[-1]), lse.contiguous()
 
@@ -70,14 +72,16 @@ def backward(
     causal: bool,
     window: int | None,
     softmax_scale: float,
+    softcap: float,
     max_seqlen: int | None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``, shaped as ``q``, ``k``, ``v``."""
     mask = _mask(q, source, kind, causal, window, max_seqlen)
     flat = [flat_tokens(t) for t in (q, k, v)]
     grads = varlen_calls.backward(
-        *flat, flat_tokens(out), flat_tokens(dout).contiguous(), lse, mask.varlen.calls, softmax_scale
-    )
+        *flat, flat_tokens(out), flat_tokens(dout).contiguous(), lse, mask.varlen.calls,
+        softmax_scale, softcap,
+    )  # fmt: skip
     return tuple(_laid_out_like(g, f).view(t.shape) for g, f, t in zip(grads, flat, (q, k, v)))  # type: ignore[return-value]
 
 
@@ -100,7 +104,7 @@ def _define() -> Any:
 
     # define + impl rather than @custom_op: the bodies above are the implementations as
     # they are, with the schema written once here.
-    args = "Tensor source, str kind, bool causal, int? window, float softmax_scale, int? max_seqlen"
+    args = "Tensor source, str kind, bool causal, int? window, float softmax_scale, float softcap, int? max_seqlen"
     fwd, bwd = "fa4cache::packed_attention", "fa4cache::packed_attention_backward"
     tags = (torch.Tag.pt2_compliant_tag,)  # as @custom_op marks its ops
     torch.library.define(
@@ -133,7 +137,7 @@ def _define() -> Any:
     def grad(ctx: Any, dout: Any, _dlse: Any) -> Any:
         q, k, v, out, lse, source = ctx.saved_tensors
         dq, dk, dv = torch.ops.fa4cache.packed_attention_backward(dout, q, k, v, out, lse, source, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
     torch.library.register_autograd(fwd, grad, setup_context=setup_context, lib=_LIB[0])
     return torch.ops.fa4cache.packed_attention

@@ -20,11 +20,12 @@ What it does, per forward step (the mask is built once and shared by every layer
   ``w`` keys is fa4cache's ``window=w - 1`` (the query itself plus ``w - 1`` earlier keys).
 * **Other masks**: a fa4cache mask passed as ``model(..., fa4cache_mask=mask)`` is used by
   every layer (prefix-LM, draft-block, custom templates).
-* **Decoding with a KV cache**, attention dropout, logit softcapping (Gemma 2) and 4-D
-  masks without document boundaries run through PyTorch with one warning; they never
-  crash. In training and prefill that fallback applies the step's own document mask, so
-  packed documents stay apart there too; softcapping and dropout are applied as
-  transformers' eager attention does.
+* **Logit softcapping** (Gemma 2) runs in FA4's kernels (its softcap score_mod).
+* **Decoding with a KV cache**, attention dropout and 4-D masks without document
+  boundaries run through PyTorch with one warning; they never crash. In training and
+  prefill that fallback applies the step's own document mask, so packed documents stay
+  apart there too; softcapping and dropout are applied as transformers' eager attention
+  does.
 
 Host syncs: none with ``cu_seq_lens`` or a 2-D padding mask, or with ``position_ids`` when
 ``register(max_documents=N)`` bounds the documents per step (what CUDA-graph capture needs);
@@ -145,8 +146,6 @@ def attention_forward(
         why = "decoding with a KV cache"
     elif dropout:
         why = "attention dropout"
-    elif softcap:
-        why = "logit softcapping"
     elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
         why = "a 4-D attention mask"
     elif source is None:
@@ -178,7 +177,9 @@ def attention_forward(
     if not _compiling():
         max_seqlen = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out, _ = packed_attention.op()(q, k, v, source, kind, causal, window, scale, max_seqlen)
+    out, _ = packed_attention.op()(
+        q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
+    )
     return out, None
 
 

@@ -25,9 +25,15 @@ def flat_tokens(t: Any) -> Any:
 
 
 def forward(
-    q: Any, k: Any, v: Any, calls: Sequence[VarlenCall], softmax_scale: float | None
+    q: Any,
+    k: Any,
+    v: Any,
+    calls: Sequence[VarlenCall],
+    softmax_scale: float | None,
+    softcap: float | None = None,
 ) -> tuple[Any, Any]:
-    """``(out, lse)`` for ``q``/``k``/``v`` flattened to ``[tokens, heads, head_dim]``."""
+    """``(out, lse)`` for ``q``/``k``/``v`` flattened to ``[tokens, heads, head_dim]``;
+    ``softcap``: FA4's logit softcapping (``cap * tanh(scores / cap)``), None or 0 for none."""
     import torch
     from flash_attn.cute import interface as fi
 
@@ -35,8 +41,9 @@ def forward(
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     for call in calls:
         fi._flash_attn_fwd(
-            q, k, v, softmax_scale=softmax_scale, out=out, lse=lse, return_lse=True, **call.fa4_kwargs()
-        )
+            q, k, v, softmax_scale=softmax_scale, softcap=softcap or None, out=out, lse=lse,
+            return_lse=True, **call.fa4_kwargs(),
+        )  # fmt: skip
     return out, lse
 
 
@@ -49,6 +56,7 @@ def backward(
     lse: Any,
     calls: Sequence[VarlenCall],
     softmax_scale: float | None,
+    softcap: float | None = None,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``: the first call writes dK/dV for every key (its keys cover all
     tokens); a later call writes its own key rows of scratch buffers, and only those rows
@@ -66,8 +74,9 @@ def backward(
             scratch = (torch.empty_like(k), torch.empty_like(v))
         dk_i, dv_i = (dk, dv) if i == 0 else scratch
         fi._flash_attn_bwd(
-            q, k, v, out, dout, lse, softmax_scale, dq=dq, dk=dk_i, dv=dv_i, **call.fa4_kwargs()
-        )
+            q, k, v, out, dout, lse, softmax_scale, softcap=softcap or 0.0, dq=dq, dk=dk_i, dv=dv_i,
+            **call.fa4_kwargs(),
+        )  # fmt: skip
         if i:
             add_sequences_(dk, dk_i, call.cu_seqlens_k, call.seqused_k)
             add_sequences_(dv, dv_i, call.cu_seqlens_k, call.seqused_k)
@@ -79,17 +88,19 @@ def _function() -> Any:
 
     class VarlenCalls(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, calls: Any, softmax_scale: Any) -> Any:  # type: ignore[override]
-            out, lse = forward(q, k, v, calls, softmax_scale)
+        def forward(ctx: Any, q: Any, k: Any, v: Any, calls: Any, softmax_scale: Any, softcap: Any) -> Any:  # type: ignore[override]
+            out, lse = forward(q, k, v, calls, softmax_scale, softcap)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.calls, ctx.softmax_scale = calls, softmax_scale
+            ctx.calls, ctx.softmax_scale, ctx.softcap = calls, softmax_scale, softcap
             return out
 
         @staticmethod
         def backward(ctx: Any, dout: Any) -> Any:  # type: ignore[override]
             q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = backward(q, k, v, out, dout.contiguous(), lse, ctx.calls, ctx.softmax_scale)
-            return dq, dk, dv, None, None
+            dq, dk, dv = backward(
+                q, k, v, out, dout.contiguous(), lse, ctx.calls, ctx.softmax_scale, ctx.softcap
+            )
+            return dq, dk, dv, None, None, None
 
     return VarlenCalls
 
@@ -97,9 +108,16 @@ def _function() -> Any:
 _FUNCTION: Any = None
 
 
-def attention(q: Any, k: Any, v: Any, calls: Sequence[VarlenCall], softmax_scale: float | None) -> Any:
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    calls: Sequence[VarlenCall],
+    softmax_scale: float | None,
+    softcap: float | None = None,
+) -> Any:
     """Attention over ``calls`` with autograd; ``q``/``k``/``v``: ``[tokens, heads, head_dim]``."""
     global _FUNCTION
     if _FUNCTION is None:  # torch is imported on first use, not with the module
         _FUNCTION = _function()
-    return _FUNCTION.apply(q, k, v, tuple(calls), softmax_scale)
+    return _FUNCTION.apply(q, k, v, tuple(calls), softmax_scale, softcap)

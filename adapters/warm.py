@@ -88,7 +88,9 @@ def fake_copy(mask: Any) -> Any:
     )
 
 
-def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool) -> None:
+def fake_varlen_call(
+    mask: Any, q: Any, k: Any, v: Any, *, backward: bool, softcap: float | None = None
+) -> None:
     """What ``fa4cache.attention`` runs for ``mask`` on its varlen path, on fake CUDA
     tensors (call inside ``FakeTensorMode``, where autograd cannot run): the forward, then
     the backward by calling FA4's ``_flash_attn_bwd`` as the autograd functions do."""
@@ -98,9 +100,9 @@ def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool) -> No
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.map_tensors(_fake_like).calls
-    out, lse = varlen_calls.forward(q2, k2, v2, calls, None)
+    out, lse = varlen_calls.forward(q2, k2, v2, calls, None, softcap)
     if backward:
-        varlen_calls.backward(q2, k2, v2, out, torch.empty_like(out), lse, calls, None)
+        varlen_calls.backward(q2, k2, v2, out, torch.empty_like(out), lse, calls, None, softcap)
 
 
 def build_mask(spec: KernelSpec) -> Any | None:
@@ -149,14 +151,16 @@ def compile_spec(spec: KernelSpec) -> None:
         k = torch.empty(B, T, hkv, spec.head_dim, dtype=dtype, device="cuda")
         v = torch.empty(B, T, hkv, dv, dtype=dtype, device="cuda")
         if spec.varlen and mask is not None and mask.varlen is not None:
-            fake_varlen_call(mask, q, k, v, backward=spec.backward)
+            fake_varlen_call(mask, q, k, v, backward=spec.backward, softcap=spec.softcap)
             return
         mk = _fake_mask(mask) if mask is not None else {}
         bwd_sparse = mk.pop("block_sparse_tensors_bwd", None)
-        out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, return_lse=True, **mk)
+        out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, softcap=spec.softcap, return_lse=True, **mk)
         if spec.backward:
             mk["block_sparse_tensors"] = bwd_sparse
-            fi._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=causal, **mk)
+            fi._flash_attn_bwd(
+                q, k, v, out, torch.empty_like(out), lse, causal=causal, softcap=spec.softcap or 0.0, **mk
+            )
 
 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:

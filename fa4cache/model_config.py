@@ -5,7 +5,8 @@ from its ``config.json`` alone (transformers is not imported), so that ``fa4cach
 What the adapter runs: document-causal attention on FA4's varlen kernels (packed and
 padded steps), forward and backward; for layers with a sliding window of ``w`` keys also
 the windowed set (``window = w - 1``). Sliding layers see steps shorter than the window as
-plain causal, so a sliding model needs both sets.
+plain causal, so a sliding model needs both sets. A model that softcaps its attention
+logits (``attn_logit_softcapping``, Gemma 2) runs kernels with that cap compiled in.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def specs_for(
     window = sliding_window(cfg)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 2):
         raise ConfigError(f"--hf-config: sliding_window: expected an int >= 2, got {window!r}")
+    softcap = cfg.get("attn_logit_softcapping")
+    if softcap is not None and (
+        not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or softcap <= 0
+    ):
+        raise ConfigError(f"--hf-config: attn_logit_softcapping: expected a positive number, got {softcap!r}")
     dtype = cfg.get("dtype") or cfg.get("torch_dtype")
     masks = ["document", "document_window"] if window is not None else ["document"]
     return [
@@ -86,6 +92,7 @@ def specs_for(
             window=window - 1 if m == "document_window" and window is not None else 256,
             arch=arch,
             varlen=True,
+            softcap=float(softcap) if softcap is not None else None,
         )
         for d in dtypes or [_DTYPES.get(dtype, "bf16")]
         for m in masks

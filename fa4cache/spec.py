@@ -57,6 +57,8 @@ class KernelSpec:
     arch: str = "sm_90"
     # Document masks: also compile what fa4cache.attention runs (FA4's varlen kernels).
     varlen: bool = False
+    # Logit softcapping (Gemma 2's attn_logit_softcapping): a kernel per cap value.
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -72,6 +74,12 @@ class KernelSpec:
         hkv = self.heads_kv or self.heads
         if self.heads % hkv:
             raise ConfigError(f"heads: {self.heads} query heads is not a multiple of {hkv} kv heads")
+        if self.softcap is not None and (
+            not isinstance(self.softcap, (int, float))
+            or isinstance(self.softcap, bool)
+            or not 0 < self.softcap < float("inf")
+        ):
+            raise ConfigError(f"softcap: expected a positive number or null, got {self.softcap!r}")
         if self.arch not in ARCH_ENV:
             raise ConfigError(f"arch: expected one of {', '.join(ARCHS)}, got {self.arch!r}")
 
@@ -96,6 +104,7 @@ class KernelSpec:
         mask = f"{self.mask}({self.window})" if self.mask == "document_window" else self.mask
         return (
             f"{self.dtype} d{self.head_dim} h{self.heads}:{hkv} {mask}"
+            f"{f' softcap{self.softcap:g}' if self.softcap else ''}"
             f"{' varlen' if self.varlen else ''}{' +bwd' if self.backward else ''}"
         )
 

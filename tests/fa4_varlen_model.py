@@ -44,13 +44,20 @@ def call_pairs(call: Any, n: int) -> Any:
     return keep, sq >= 0
 
 
-def mask_reference(q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None) -> Any:
+def capped(s: Any, softcap: float | None) -> Any:
+    """FA4's softcap score_mod on scaled scores: ``cap * tanh(s / cap)``."""
+    return softcap * torch.tanh(s / softcap) if softcap else s
+
+
+def mask_reference(
+    q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None, softcap: float | None = None
+) -> Any:
     """Attention of ``[B, T, H, D]`` tensors under ``mask.dense()``, in float (differentiable):
     the reference any path of ``fa4cache.attention`` is held to."""
     group = q.shape[2] // k.shape[2]
     k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
     s = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * (softmax_scale or q.shape[-1] ** -0.5)
-    s = s.masked_fill(~mask.dense()[:, None], float("-inf"))
+    s = capped(s, softcap).masked_fill(~mask.dense()[:, None], float("-inf"))
     return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v.float()).to(q.dtype)
 
 
@@ -62,10 +69,12 @@ def layout_pairs(calls: Any, n: int) -> Any:
     return keep
 
 
-def _probabilities(q: Any, k: Any, calls: Any, scale: float | None, lse: Any = None) -> tuple[Any, Any]:
+def _probabilities(
+    q: Any, k: Any, calls: Any, scale: float | None, lse: Any = None, softcap: float | None = None
+) -> tuple[Any, Any]:
     n, hq, d = q.shape
     kk = k.float().repeat_interleave(hq // k.shape[1], dim=1)
-    s = torch.einsum("qhd,khd->hqk", q.float(), kk) * (scale or d**-0.5)
+    s = capped(torch.einsum("qhd,khd->hqk", q.float(), kk) * (scale or d**-0.5), softcap)
     s = s.masked_fill(~layout_pairs(calls, n), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(s, dim=-1)
@@ -73,27 +82,40 @@ def _probabilities(q: Any, k: Any, calls: Any, scale: float | None, lse: Any = N
     return torch.exp(s - lse[..., None]).nan_to_num(0.0), lse
 
 
-def forward(q: Any, k: Any, v: Any, calls: Any, softmax_scale: float | None) -> tuple[Any, Any]:
-    p, lse = _probabilities(q, k, calls, softmax_scale)
+def forward(
+    q: Any, k: Any, v: Any, calls: Any, softmax_scale: float | None, softcap: float | None = None
+) -> tuple[Any, Any]:
+    p, lse = _probabilities(q, k, calls, softmax_scale, softcap=softcap)
     vv = v.float().repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     return torch.einsum("hqk,khd->qhd", p, vv).to(q.dtype), lse
 
 
 def backward(
-    q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, calls: Any, softmax_scale: float | None
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    dout: Any,
+    lse: Any,
+    calls: Any,
+    softmax_scale: float | None,
+    softcap: float | None = None,
 ) -> tuple[Any, Any, Any]:
     # Written out rather than autograd: inside a custom op, autograd does not record.
     n, hq, d = q.shape
     hk = k.shape[1]
     group = hq // hk
     scale = softmax_scale or d**-0.5
-    p, _ = _probabilities(q, k, calls, softmax_scale, lse)
+    p, _ = _probabilities(q, k, calls, softmax_scale, lse, softcap)
     kk, vv = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
     do = dout.float()
     dv = torch.einsum("hqk,qhd->khd", p, do)
     dp = torch.einsum("qhd,khd->hqk", do, vv)
     delta = (do * out.float()).sum(-1).transpose(0, 1)
     ds = p * (dp - delta[..., None])
+    if softcap:  # through cap * tanh(s / cap): times 1 - tanh^2
+        raw = torch.einsum("qhd,khd->hqk", q.float(), kk) * scale
+        ds = ds * (1 - torch.tanh(raw / softcap) ** 2)
     dq = torch.einsum("hqk,khd->qhd", ds, kk) * scale
     dk = torch.einsum("hqk,qhd->khd", ds, q.float()) * scale
     dk, dv = (t.view(n, hk, group, -1).sum(2) for t in (dk, dv))

@@ -150,6 +150,7 @@ def test_warm_manifest_then_fresh_process_compiles_nothing_and_replay(tmp_path: 
         (["warm", "--heads", "x:y"], "--heads"),
         (["warm", "--hf-config", "/nonexistent/config.json"], "--hf-config: cannot read"),
         (["warm", "--hf-config", "@bad-heads"], "num_attention_heads: expected a positive int"),
+        (["warm", "--hf-config", "@bad-softcap"], "attn_logit_softcapping: expected a positive number"),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -158,6 +159,11 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], message: s
     if "@bad-heads" in args:  # a config.json without a usable head count
         (tmp_path / "config.json").write_text('{"num_attention_heads": "16", "hidden_size": 1024}')
         args = [str(tmp_path) if a == "@bad-heads" else a for a in args]
+    if "@bad-softcap" in args:
+        (tmp_path / "config.json").write_text(
+            '{"num_attention_heads": 4, "hidden_size": 256, "attn_logit_softcapping": -50}'
+        )
+        args = [str(tmp_path) if a == "@bad-softcap" else a for a in args]
     p = run_cli(d, *args)
     assert p.returncode == 2
     assert message in p.stderr and "Traceback" not in p.stderr

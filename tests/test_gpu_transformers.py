@@ -252,9 +252,13 @@ def test_torch_compile_matches_eager() -> None:
     dynamo_config.error_on_recompile = False
 
 
-def test_softcapped_packed_batch_falls_back_and_keeps_documents_apart() -> None:
-    # Gemma 2 softcaps attention logits: the fallback (PyTorch, bf16 on the GPU) must keep the
-    # packed documents apart and cap as transformers' eager attention does.
+def test_softcapped_packed_batch_runs_on_fa4_and_matches_eager(caplog: Any) -> None:
+    # Gemma 2 softcaps attention logits: FA4's kernels cap (forward and backward), packed
+    # documents stay apart, and logits and gradients match each document alone through
+    # transformers' eager attention (bf16). q/k weights are scaled so that the cap bites,
+    # and a model without the cap is checked to differ.
+    import logging
+
     import torch
     from fa4cache.adapters import transformers as fht
     from transformers import Gemma2Config
@@ -265,11 +269,31 @@ def test_softcapped_packed_batch_falls_back_and_keeps_documents_apart() -> None:
         num_key_value_heads=2, head_dim=64, sliding_window=100, query_pre_attn_scalar=64,
         attn_logit_softcapping=5.0,
     )  # fmt: skip
-    ours, ref = _model(cfg, "fa4cache"), _model(cfg, "eager")
+    uncapped_cfg = copy.deepcopy(cfg)
+    uncapped_cfg.attn_logit_softcapping = None
+    models = [_model(cfg, "fa4cache"), _model(cfg, "eager"), _model(uncapped_cfg, "eager")]
+    for m in models:
+        for n, w in m.named_parameters():
+            if n.endswith(("q_proj.weight", "k_proj.weight")):
+                w.data *= 6
+    ours, ref, uncapped = models
     lens = [300, 1, 515, 37, 400]
     b = _packed(lens, cfg.vocab_size)
-    with torch.no_grad():
+    cu = b["cu"].tolist()
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
         out = ours(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-        cu = b["cu"].tolist()
-        alone = torch.cat([ref(input_ids=b["input_ids"][:, a:e]).logits for a, e in zip(cu[:-1], cu[1:])], 1)
-    assert _rel(out, alone) < 2e-2, _rel(out, alone)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # no fallback
+    out.float().square().mean().backward()
+    alone, free = [], []
+    for a, e in zip(cu[:-1], cu[1:]):
+        o = ref(input_ids=b["input_ids"][:, a:e]).logits
+        o.float().square().mean().mul((e - a) / out.shape[1]).backward()
+        alone.append(o)
+        with torch.no_grad():
+            free.append(uncapped(input_ids=b["input_ids"][:, a:e]).logits)
+    alone_out = torch.cat(alone, 1)
+    assert _rel(out, alone_out) < 2e-2, _rel(out, alone_out)
+    assert _rel(torch.cat(free, 1), alone_out) > 0.1, "the cap does not bite: the test would miss it"
+    for (n, p), (_, r) in zip(ours.named_parameters(), ref.named_parameters()):
+        if p.grad is not None and r.grad is not None and r.grad.norm() > 0:
+            assert _rel(p.grad, r.grad) < 5e-2, (n, _rel(p.grad, r.grad))

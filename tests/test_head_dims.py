@@ -164,3 +164,16 @@ def test_attention_names_the_tensor_fa4_would_reject_without_a_message(
     q, k, v = (torch.zeros(s, dtype=torch.bfloat16) for s in shapes)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         fa4cache.attention(q, k, v, mask)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf"), "5", True])
+def test_attention_names_a_bad_softcap(softcap: Any) -> None:
+    import torch
+
+    import fa4cache
+    from fa4cache.masks import make_document_mask
+
+    mask = make_document_mask(torch.tensor([0, 5, 12]))
+    q = torch.zeros(1, 12, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="softcap: expected a positive number"):
+        fa4cache.attention(q, q, q, mask, softcap=softcap)
