@@ -24,6 +24,7 @@ import functools
 from typing import Any
 
 from fa4cache.attention_mask import AttentionMask
+from fa4cache.spec import positive_number
 
 
 def _first(x: Any) -> Any:
@@ -54,9 +55,7 @@ def attention(
         )
     mask.check(q)
     _check_inputs(q, k, v)
-    if softcap is not None and (
-        not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not 0 <= softcap < float("inf")
-    ):
+    if softcap is not None and softcap != 0 and not positive_number(softcap):
         raise ValueError(f"softcap: expected a positive number (0 or None: no softcapping), got {softcap!r}")
     softcap = float(softcap) if softcap else None
     k, v = _kv_for_backward(q, k, v)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .spec import KernelSpec
+from .spec import KernelSpec, positive_number
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -75,9 +75,7 @@ def specs_for(
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 2):
         raise ConfigError(f"--hf-config: sliding_window: expected an int >= 2, got {window!r}")
     softcap = cfg.get("attn_logit_softcapping")
-    if softcap is not None and (
-        not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or softcap <= 0
-    ):
+    if softcap is not None and not positive_number(softcap):
         raise ConfigError(f"--hf-config: attn_logit_softcapping: expected a positive number, got {softcap!r}")
     dtype = cfg.get("dtype") or cfg.get("torch_dtype")
     masks = ["document", "document_window"] if window is not None else ["document"]

@@ -39,6 +39,11 @@ ARCH_ENV = {
 ARCHS = tuple(ARCH_ENV)
 
 
+def positive_number(value: Any) -> bool:
+    """A finite number above 0, not a bool (a softcap, say)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """What to compile: one forward (and optionally its backward) kernel set."""
@@ -74,11 +79,7 @@ class KernelSpec:
         hkv = self.heads_kv or self.heads
         if self.heads % hkv:
             raise ConfigError(f"heads: {self.heads} query heads is not a multiple of {hkv} kv heads")
-        if self.softcap is not None and (
-            not isinstance(self.softcap, (int, float))
-            or isinstance(self.softcap, bool)
-            or not 0 < self.softcap < float("inf")
-        ):
+        if self.softcap is not None and not positive_number(self.softcap):
             raise ConfigError(f"softcap: expected a positive number or null, got {self.softcap!r}")
         if self.arch not in ARCH_ENV:
             raise ConfigError(f"arch: expected one of {', '.join(ARCHS)}, got {self.arch!r}")
