@@ -57,11 +57,11 @@ def attention(
     _check_inputs(q, k, v)
     if softcap is not None and softcap != 0 and not positive_number(softcap):
         raise ValueError(f"softcap: expected a positive number (0 or None: no softcapping), got {softcap!r}")
-    softcap = float(softcap) if softcap else None
+    softcap = float(softcap or 0.0)  # FA4's convention: 0 for none
     k, v = _kv_for_backward(q, k, v)
     if mask.varlen is None or dense:
         fitted = mask.for_head_dim(int(q.shape[-1]))
-        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, softcap=softcap or 0.0, **fitted))
+        return _first(flash_attn_func(q, k, v, softmax_scale=softmax_scale, softcap=softcap, **fitted))
     from . import varlen_calls
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
@@ -69,7 +69,7 @@ def attention(
     if len(calls) == 1:
         out = _first(
             flash_attn_varlen_func(
-                q2, k2, v2, softmax_scale=softmax_scale, softcap=softcap or 0.0, **mask.varlen.kwargs()
+                q2, k2, v2, softmax_scale=softmax_scale, softcap=softcap, **mask.varlen.kwargs()
             )
         )
     else:

@@ -30,10 +30,10 @@ def forward(
     v: Any,
     calls: Sequence[VarlenCall],
     softmax_scale: float | None,
-    softcap: float | None = None,
+    softcap: float = 0.0,
 ) -> tuple[Any, Any]:
     """``(out, lse)`` for ``q``/``k``/``v`` flattened to ``[tokens, heads, head_dim]``;
-    ``softcap``: FA4's logit softcapping (``cap * tanh(scores / cap)``), None or 0 for none."""
+    ``softcap``: FA4's logit softcapping (``cap * tanh(scores / cap)``), 0 for none."""
     import torch
     from flash_attn.cute import interface as fi
 
@@ -41,7 +41,7 @@ def forward(
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     for call in calls:
         fi._flash_attn_fwd(
-            q, k, v, softmax_scale=softmax_scale, softcap=softcap or None, out=out, lse=lse,
+            q, k, v, softmax_scale=softmax_scale, softcap=softcap, out=out, lse=lse,
             return_lse=True, **call.fa4_kwargs(),
         )  # fmt: skip
     return out, lse
@@ -56,7 +56,7 @@ def backward(
     lse: Any,
     calls: Sequence[VarlenCall],
     softmax_scale: float | None,
-    softcap: float | None = None,
+    softcap: float = 0.0,
 ) -> tuple[Any, Any, Any]:
     """``(dq, dk, dv)``: the first call writes dK/dV for every key (its keys cover all
     tokens); a later call writes its own key rows of scratch buffers, and only those rows
@@ -74,7 +74,7 @@ def backward(
             scratch = (torch.empty_like(k), torch.empty_like(v))
         dk_i, dv_i = (dk, dv) if i == 0 else scratch
         fi._flash_attn_bwd(
-            q, k, v, out, dout, lse, softmax_scale, softcap=softcap or 0.0, dq=dq, dk=dk_i, dv=dv_i,
+            q, k, v, out, dout, lse, softmax_scale, softcap=softcap, dq=dq, dk=dk_i, dv=dv_i,
             **call.fa4_kwargs(),
         )  # fmt: skip
         if i:
@@ -114,7 +114,7 @@ def attention(
     v: Any,
     calls: Sequence[VarlenCall],
     softmax_scale: float | None,
-    softcap: float | None = None,
+    softcap: float = 0.0,
 ) -> Any:
     """Attention over ``calls`` with autograd; ``q``/``k``/``v``: ``[tokens, heads, head_dim]``."""
     global _FUNCTION

@@ -88,9 +88,7 @@ def fake_copy(mask: Any) -> Any:
     )
 
 
-def fake_varlen_call(
-    mask: Any, q: Any, k: Any, v: Any, *, backward: bool, softcap: float | None = None
-) -> None:
+def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool, softcap: float = 0.0) -> None:
     """What ``fa4cache.attention`` runs for ``mask`` on its varlen path, on fake CUDA
     tensors (call inside ``FakeTensorMode``, where autograd cannot run): the forward, then
     the backward by calling FA4's ``_flash_attn_bwd`` as the autograd functions do."""
@@ -143,6 +141,7 @@ def compile_spec(spec: KernelSpec) -> None:
     hkv = spec.heads_kv or spec.heads
     dv = spec.head_dim_v or spec.head_dim
     causal = spec.mask == "causal"
+    softcap = spec.softcap or 0.0  # FA4's convention: 0 for none
     if mask is not None:
         mask = mask.for_head_dim(spec.head_dim)
     with record_spec(spec.to_dict()), FakeTensorMode():
@@ -151,16 +150,14 @@ def compile_spec(spec: KernelSpec) -> None:
         k = torch.empty(B, T, hkv, spec.head_dim, dtype=dtype, device="cuda")
         v = torch.empty(B, T, hkv, dv, dtype=dtype, device="cuda")
         if spec.varlen and mask is not None and mask.varlen is not None:
-            fake_varlen_call(mask, q, k, v, backward=spec.backward, softcap=spec.softcap)
+            fake_varlen_call(mask, q, k, v, backward=spec.backward, softcap=softcap)
             return
         mk = _fake_mask(mask) if mask is not None else {}
         bwd_sparse = mk.pop("block_sparse_tensors_bwd", None)
-        out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, softcap=spec.softcap, return_lse=True, **mk)
+        out, lse, *_ = fi._flash_attn_fwd(q, k, v, causal=causal, softcap=softcap, return_lse=True, **mk)
         if spec.backward:
             mk["block_sparse_tensors"] = bwd_sparse
-            fi._flash_attn_bwd(
-                q, k, v, out, torch.empty_like(out), lse, causal=causal, softcap=spec.softcap or 0.0, **mk
-            )
+            fi._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=causal, softcap=softcap, **mk)
 
 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:

@@ -44,13 +44,13 @@ def call_pairs(call: Any, n: int) -> Any:
     return keep, sq >= 0
 
 
-def capped(s: Any, softcap: float | None) -> Any:
+def capped(s: Any, softcap: float) -> Any:
     """FA4's softcap score_mod on scaled scores: ``cap * tanh(s / cap)``."""
     return softcap * torch.tanh(s / softcap) if softcap else s
 
 
 def mask_reference(
-    q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None, softcap: float | None = None
+    q: Any, k: Any, v: Any, mask: Any, *, softmax_scale: float | None = None, softcap: float = 0.0
 ) -> Any:
     """Attention of ``[B, T, H, D]`` tensors under ``mask.dense()``, in float (differentiable):
     the reference any path of ``fa4cache.attention`` is held to."""
@@ -70,7 +70,7 @@ def layout_pairs(calls: Any, n: int) -> Any:
 
 
 def _probabilities(
-    q: Any, k: Any, calls: Any, scale: float | None, lse: Any = None, softcap: float | None = None
+    q: Any, k: Any, calls: Any, scale: float | None, lse: Any = None, softcap: float = 0.0
 ) -> tuple[Any, Any]:
     n, hq, d = q.shape
     kk = k.float().repeat_interleave(hq // k.shape[1], dim=1)
@@ -83,7 +83,7 @@ def _probabilities(
 
 
 def forward(
-    q: Any, k: Any, v: Any, calls: Any, softmax_scale: float | None, softcap: float | None = None
+    q: Any, k: Any, v: Any, calls: Any, softmax_scale: float | None, softcap: float = 0.0
 ) -> tuple[Any, Any]:
     p, lse = _probabilities(q, k, calls, softmax_scale, softcap=softcap)
     vv = v.float().repeat_interleave(q.shape[1] // v.shape[1], dim=1)
@@ -99,7 +99,7 @@ def backward(
     lse: Any,
     calls: Any,
     softmax_scale: float | None,
-    softcap: float | None = None,
+    softcap: float = 0.0,
 ) -> tuple[Any, Any, Any]:
     # Written out rather than autograd: inside a custom op, autograd does not record.
     n, hq, d = q.shape
