@@ -15,15 +15,7 @@ import argparse
 import random
 from typing import Any
 
-from common import doc_lengths, interleaved_ms, save, table
-
-
-def causal_pairs(lens: list[int], window: int | None = None) -> float:
-    """Visible (query, key) pairs of causal documents of ``lens`` tokens, each query seeing
-    at most ``window`` earlier keys."""
-    if window is None:
-        return sum(n * (n + 1) / 2 for n in lens)
-    return sum(sum(min(m + 1, window + 1) for m in range(n)) for n in lens)
+from common import causal_pairs, doc_lengths, interleaved_ms, save, table
 
 
 def other_documents(T: int) -> list[int]:

@@ -47,6 +47,14 @@ def doc_lengths(total: int, rng: Any, lo: int = 256, hi: int = 4096) -> list[int
     return out
 
 
+def causal_pairs(lens: list[int], window: int | None = None) -> float:
+    """Visible (query, key) pairs of causal documents of ``lens`` tokens, each query seeing
+    at most ``window`` earlier keys."""
+    if window is None:
+        return sum(n * (n + 1) / 2 for n in lens)
+    return sum(sum(min(m + 1, window + 1) for m in range(n)) for n in lens)
+
+
 def interleaved_ms(fns: dict[str, Any], rounds: int = 7, budget_ms: float = 40.0) -> dict[str, float]:
     """Median milliseconds per call of each function, timed as a training loop runs them:
     back-to-back calls between two CUDA events (the host queues ahead, so its overhead
