@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fa4cache.secure_io import private_copy, remove_private_copy
-from fa4cache.store import Artifact
+from fa4cache.store.secure_io import private_copy, remove_private_copy
+from fa4cache.store.store import Artifact
 
 EXPORT_FUNCTION = "func"
 

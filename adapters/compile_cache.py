@@ -19,14 +19,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fa4cache.hashing import encode_key, key_digest
-from fa4cache.layout import EntryRef
-from fa4cache.locks import release
+from fa4cache.store.locks import release
+from fa4cache.store.paths import EntryRef
 
 if TYPE_CHECKING:
-    from .flash_attn import Installation
+    from fa4cache.fingerprint import Toolchain
+    from fa4cache.store import Artifact, Store
+
+
+class Installation(Protocol):
+    """What a compile cache needs from the installation that owns it (adapters/flash_attn)."""
+
+    store: Store
+    loader: Callable[[Artifact], Any]
+
+    def toolchain(self) -> Toolchain: ...
+
+    def publish(self, cache: StoreCompileCache, key: Any, fn: Any, pending: Any) -> None: ...
+
 
 log = logging.getLogger(__name__)
 _tl = threading.local()

@@ -6,7 +6,7 @@ that number is compiled into the kernel's grid. Without a driver that query fail
 (``DynamicLibNotFoundError: "cuda" is an NVIDIA driver library``). When no CUDA device
 is usable, :func:`answer_hardware_queries` answers it from ``FLASH_ATTENTION_NUM_SMS``
 (which FA4 itself reads for its tile heuristics), or the target's documented default
-(:data:`DEFAULT_NUM_SMS`). The SM count is part of the toolchain fingerprint, so a kernel
+(:data:`fa4cache.arch.DEFAULT_NUM_SMS`). The SM count is part of the toolchain fingerprint, so a kernel
 built for 148 SMs is never served to a part with another count.
 """
 
@@ -15,40 +15,12 @@ from __future__ import annotations
 import logging
 import os
 
-from fa4cache.tiles import parse_arch
+from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, env_arch, gpu_present, target_num_sms
 
 log = logging.getLogger(__name__)
 
-# Full parts: H100/H200 SXM 132, B200 148, B300 (sm_103) 148.
-DEFAULT_NUM_SMS = {90: 132, 100: 148, 103: 148}
 _PATCHED = "__fa4cache_cross_compile__"
-
-
-def target_num_sms(arch: int | None) -> int:
-    text = os.environ.get("FLASH_ATTENTION_NUM_SMS")
-    if text:
-        try:
-            n = int(text)
-        except ValueError:
-            n = 0
-        if n <= 0:
-            raise ValueError(f"FLASH_ATTENTION_NUM_SMS: expected a positive int, got {text!r}")
-        return n
-    if arch in DEFAULT_NUM_SMS:
-        return DEFAULT_NUM_SMS[arch]
-    raise ValueError(
-        f"FLASH_ATTENTION_NUM_SMS: set it to the target GPU's SM count to cross-compile for sm_{arch} "
-        f"(documented defaults: {', '.join(f'sm_{a}: {n}' for a, n in DEFAULT_NUM_SMS.items())})"
-    )
-
-
-def gpu_present() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
+NO_TARGET_WARNING = f"no CUDA GPU is visible and {ARCH_VAR} is not set, so FA4 cannot run or compile here; {CROSS_COMPILE_HINT}"
 
 
 def answer_hardware_queries() -> int | None:
@@ -58,7 +30,11 @@ def answer_hardware_queries() -> int | None:
         return None
     import cutlass.utils
 
-    arch = parse_arch(os.environ.get("FLASH_ATTENTION_ARCH"))
+    arch = env_arch()
+    if arch is None:
+        # Nothing will compile here (no GPU, no target): FA4 itself says so when called.
+        log.warning("fa4cache: %s", NO_TARGET_WARNING)
+        return None
     num_sms = target_num_sms(arch)
     # FA4's own heuristics read the same number from here.
     os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", str(num_sms))
@@ -78,15 +54,3 @@ def answer_hardware_queries() -> int | None:
     setattr(cls, _PATCHED, num_sms)
     log.info("fa4cache: no CUDA device; FA4 kernels are traced for %d SMs (sm_%s)", num_sms, arch)
     return num_sms
-
-
-def device_num_sms() -> int | None:
-    """The SM count kernels are built for in this process: the GPU's, or the cross-compile target's."""
-    if gpu_present():
-        import torch
-
-        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-    try:
-        return target_num_sms(parse_arch(os.environ.get("FLASH_ATTENTION_ARCH")))
-    except ValueError:
-        return None

@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fa4cache.template import ROW_INTERVALS_ATTR
+from fa4cache.masks.template import ROW_INTERVALS_ATTR
 
 log = logging.getLogger(__name__)
 NAME = "interval_masking"

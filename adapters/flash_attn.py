@@ -7,7 +7,7 @@ also fit fa4cache masks to the call's head dim (:mod:`.mask_tiles`). Patching ha
 are imported (an import hook), so ``install()`` never imports FA4 (about 10 s on a GPU
 host) by itself. ``install()`` also applies the interval-masking code-generation patch
 (:mod:`fa4cache.adapters.fa4_interval_masking`) and registers the store and toolchain
-with :mod:`fa4cache.runtime`, where core code finds them.
+with :mod:`fa4cache.store.installed`, where core code finds them.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fa4cache import counters as _counters
-from fa4cache import runtime
+from fa4cache.arch import num_sms_or_none, resolved_arch
 from fa4cache.errors import FA4NotAvailable
 from fa4cache.fingerprint import Toolchain, toolchain
 from fa4cache.hashing import encode_key, key_digest
-from fa4cache.layout import EntryRef
-from fa4cache.locks import release
-from fa4cache.secure_io import unlink_quiet
 from fa4cache.settings import Settings, setting
-from fa4cache.store import Artifact, Store
+from fa4cache.store import counters as _counters
+from fa4cache.store import installed as runtime
+from fa4cache.store.locks import release
+from fa4cache.store.maintenance import enforce_cap
+from fa4cache.store.paths import EntryRef
+from fa4cache.store.secure_io import unlink_quiet
+from fa4cache.store.store import Artifact, Store
 
 from . import cross_compile, fa4_interval_masking, mask_tiles
 from .artifacts import export, load_callable, summary
@@ -70,15 +72,8 @@ class Installation:
     def toolchain(self) -> Toolchain:
         tc = self._toolchain
         if tc is None:
-            arch = None
-            iface = sys.modules.get(INTERFACE)
-            if iface is not None and hasattr(iface, "_get_device_arch"):
-                try:
-                    arch = int(iface._get_device_arch())
-                except Exception:  # no GPU and no FLASH_ATTENTION_ARCH: record the arch as unknown
-                    arch = None
             tc = self._toolchain = toolchain(
-                arch, tuple(self.codegen_patches.items()), num_sms=cross_compile.device_num_sms()
+                resolved_arch(), tuple(self.codegen_patches.items()), num_sms=num_sms_or_none()
             )
             self.store.record_toolchain(tc.id, tc.describe())
         return tc
@@ -120,7 +115,7 @@ class Installation:
                     e,
                 )
             else:
-                store.publish(
+                published = store.publish(
                     ref,
                     staged,
                     key=encoded if len(encoded) <= 64 * 1024 else None,
@@ -129,6 +124,8 @@ class Installation:
                     tvm_ffi=tvm_ffi,
                     spec=runtime.recorded_spec(),
                 )
+                if published and store.settings.max_size is not None:
+                    enforce_cap(store, store.settings.max_size)
         store.flush_touches()
         store.counters.flush()
 

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from fa4cache.attention_mask import AttentionMask
+from fa4cache.masks.mask import AttentionMask
 
 ENTRY_POINTS = ("_flash_attn_fwd", "_flash_attn_bwd")
 

@@ -45,9 +45,8 @@ import logging
 from typing import Any
 
 import fa4cache
-
-from . import packed_attention, step_mask
-from .step_mask import set_max_documents
+from fa4cache.ops import packed_attention, step_mask
+from fa4cache.ops.step_mask import set_max_documents
 
 log = logging.getLogger(__name__)
 

@@ -16,30 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fa4cache.runtime import record_spec
-from fa4cache.spec import ARCH_ENV, KernelSpec
-from fa4cache.tiles import parse_arch
-
-from .cross_compile import target_num_sms
+from fa4cache.aot.spec import KernelSpec
+from fa4cache.arch import cross_compile_env
+from fa4cache.store.installed import record_spec
 
 log = logging.getLogger(__name__)
 
 
 def set_cross_compile_env(arch: str = "sm_90", num_sms: int | None = None) -> None:
-    """Environment FA4 needs to compile for ``arch`` on a machine without that GPU.
+    """Set what FA4 needs to compile for ``arch`` here (:func:`fa4cache.arch.cross_compile_env`).
 
-    Must run before FA4 is imported (FA4 reads it at import). The arch named here wins over
-    the environment's; the SM count is ``num_sms``, else ``FLASH_ATTENTION_NUM_SMS`` when it
-    was set for this same arch, else the arch's default (:data:`DEFAULT_NUM_SMS`).
+    Must run before FA4 is imported (FA4 reads it at import).
     """
-    fa_arch, dsl_arch = ARCH_ENV[arch]
-    same_arch = parse_arch(os.environ.get("FLASH_ATTENTION_ARCH")) == parse_arch(fa_arch)
-    os.environ["FLASH_ATTENTION_ARCH"] = fa_arch
-    os.environ["CUTE_DSL_ARCH"] = dsl_arch
-    if num_sms is not None:
-        os.environ["FLASH_ATTENTION_NUM_SMS"] = str(num_sms)
-    elif not (same_arch and os.environ.get("FLASH_ATTENTION_NUM_SMS")):
-        os.environ["FLASH_ATTENTION_NUM_SMS"] = str(target_num_sms(parse_arch(fa_arch)))
+    os.environ.update(cross_compile_env(arch, num_sms))
 
 
 @dataclass(frozen=True)
@@ -94,7 +83,7 @@ def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool, softc
     the backward by calling FA4's ``_flash_attn_bwd`` as the autograd functions do."""
     import torch
 
-    from . import varlen_calls
+    from fa4cache.ops import varlen_calls
 
     q2, k2, v2 = (varlen_calls.flat_tokens(t) for t in (q, k, v))
     calls = mask.varlen.map_tensors(_fake_like).calls

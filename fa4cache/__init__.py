@@ -56,19 +56,23 @@ _LAZY = {
     "Store": "fa4cache.store",
     "install": "fa4cache.adapters.flash_attn",
     "uninstall": "fa4cache.adapters.flash_attn",
-    "stats": "fa4cache.stats",
+    "stats": "fa4cache.store.stats",
     "env": "fa4cache.ray_integration",
     "make_document_mask": "fa4cache.masks",
     "make_draft_block_mask": "fa4cache.masks",
     "mask_template": "fa4cache.masks",
     "AttentionMask": "fa4cache.masks",
     "DocumentMaskBuilder": "fa4cache.masks",
-    "KernelSpec": "fa4cache.spec",
-    "attention": "fa4cache.adapters.attention",
+    "KernelSpec": "fa4cache.aot.spec",
+    "attention": "fa4cache.ops.attention",
 }
 
 if TYPE_CHECKING:
-    from .adapters.attention import attention
+    from fa4cache.aot.spec import KernelSpec
+    from fa4cache.ops.attention import attention
+    from fa4cache.store.stats import stats
+    from fa4cache.store.store import Store
+
     from .adapters.flash_attn import install, uninstall
     from .masks import (
         AttentionMask,
@@ -78,9 +82,6 @@ if TYPE_CHECKING:
         mask_template,
     )
     from .ray_integration import env
-    from .spec import KernelSpec
-    from .stats import stats
-    from .store import Store
 
 
 def __getattr__(name: str) -> Any:

@@ -15,11 +15,12 @@ import hashlib
 import json
 import os
 import platform
-import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
+
+from fa4cache.arch import env_arch
 
 # Knobs that only move files around, log, or pick the arch (the arch is recorded
 # resolved, so a CPU cross-compile with FLASH_ATTENTION_ARCH=sm_90 and a real H200
@@ -146,22 +147,6 @@ def _fa4_files() -> list[tuple[str, int, int]]:
                         continue
                     out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
     return out
-
-
-def parse_arch(text: str | None) -> int | None:
-    """``"sm_90a"`` / ``"90"`` / ``"9.0"`` -> 90."""
-    if not text:
-        return None
-    m = re.fullmatch(r"\s*(?:sm_?)?(\d+)(?:\.(\d+))?[a-z]?\s*", text.lower())
-    if not m:
-        return None
-    if m.group(2) is not None:
-        return int(m.group(1)) * 10 + int(m.group(2))
-    return int(m.group(1))
-
-
-def env_arch() -> int | None:
-    return parse_arch(os.environ.get("FLASH_ATTENTION_ARCH")) or parse_arch(os.environ.get("CUTE_DSL_ARCH"))
 
 
 def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:

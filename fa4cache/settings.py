@@ -9,6 +9,7 @@ bad value is a :class:`~fa4cache.errors.ConfigError` that names the variable.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import math
 import os
@@ -136,6 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
             "trusted (`1001,1002`): the owners of a team cache", "trusted_uids"),
     Setting("FA4CACHE_INSECURE", parse_choice("refuse", "warn"), "refuse", "`refuse` (error) or `warn` "
             "(warning, memory-only) for an unsafe store directory", "insecure_policy"),
+    Setting("FA4CACHE_REMOTE_TIER", str, None, "a remote store tier, `module:Class`, asked after the local "
+            "and base stores (`fa4cache.env(cluster=True)` sets the Ray cluster tier)", "remote_tier"),
     Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
     Setting("FA4CACHE_NODE_ID", str, None, "the `{node_id}` placeholder (default: the Ray node id, "
             "else the hostname)", job=False),
@@ -244,7 +247,11 @@ class Settings:
     max_size: int | None = None
     trusted_uids: tuple[int, ...] = ()
     insecure_policy: str = "refuse"
+    remote_tier: str | None = None
     disabled: bool = False
+
+    def with_cache_dir(self, cache_dir: Path) -> Settings:
+        return dataclasses.replace(self, cache_dir=cache_dir)
 
     @classmethod
     def from_env(

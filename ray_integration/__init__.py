@@ -8,6 +8,14 @@ module does not import Ray.
 
 from __future__ import annotations
 
+if __name__ != "fa4cache.ray_integration":
+    # From the repository root, ``import ray_integration`` would load a second copy of these modules with
+    # their own state (installed patches, registries) beside ``fa4cache.ray_integration``.
+    raise ImportError(
+        f"import fa4cache.ray_integration, not {__name__}: this package is installed as fa4cache.ray_integration"
+    )
+
+
 from .prewarm import prewarm
 from .runtime_env import env
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import ENV_DIR, Settings, setting
+from fa4cache.settings import BY_NAME, ENV_DIR, Settings, setting
 
-from .runtime_env import ENV_CHAINED_HOOK, ENV_NODE_LOCAL
+ENV_NODE_LOCAL = BY_NAME["FA4CACHE_NODE_LOCAL"].name
+ENV_CHAINED_HOOK = BY_NAME["FA4CACHE_CHAINED_SETUP_HOOK"].name
 
 log = logging.getLogger(__name__)
 _warned_network = False
@@ -23,7 +25,7 @@ def setup() -> None:
     global _warned_network
     from fa4cache.adapters.flash_attn import install
 
-    from fa4cache.fsinfo import is_network_fs, mount_for
+    from fa4cache.store.fsinfo import is_network_fs, mount_for
 
     settings = Settings.from_env()
     if setting(ENV_NODE_LOCAL) and is_network_fs(settings.cache_dir) and not _warned_network:
@@ -51,3 +53,14 @@ def setup() -> None:
         if not mod:
             raise ConfigError(f"{ENV_CHAINED_HOOK}: expected 'module.function', got {chained!r}")
         getattr(importlib.import_module(mod), fn)()
+
+
+class ChainedHook:
+    """Picklable setup hook: install fa4cache, then run the user's own callable hook."""
+
+    def __init__(self, user_hook: Any) -> None:
+        self.user_hook = user_hook
+
+    def __call__(self) -> None:
+        setup()
+        self.user_hook()

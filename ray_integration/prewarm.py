@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from fa4cache.spec import KernelSpec
+from fa4cache.aot.spec import KernelSpec
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def _warm_on_node(spec_dicts: list[dict[str, Any]]) -> dict[str, Any]:
 
     from fa4cache.adapters.warm import set_cross_compile_env, warm
 
-    from fa4cache.spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
 
     specs = [KernelSpec.from_dict(d) for d in spec_dicts]
     if specs:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import BY_NAME, ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
+from fa4cache.settings import ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
+
+from .hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
 HOOK = "fa4cache.ray_integration.hook.setup"
-ENV_NODE_LOCAL = BY_NAME["FA4CACHE_NODE_LOCAL"].name
-ENV_CHAINED_HOOK = BY_NAME["FA4CACHE_CHAINED_SETUP_HOOK"].name
 
 
 def _check_dir(raw: str, setting: str) -> None:
@@ -28,19 +28,6 @@ def _check_dir(raw: str, setting: str) -> None:
             raise ConfigError(
                 f"{setting}: {probe} is not writable, so {p} cannot be used as a cache directory"
             )
-
-
-class ChainedHook:
-    """Picklable setup hook: install fa4cache, then run the user's own callable hook."""
-
-    def __init__(self, user_hook: Any) -> None:
-        self.user_hook = user_hook
-
-    def __call__(self) -> None:
-        from .hook import setup
-
-        setup()
-        self.user_hook()
 
 
 def env(

@@ -1,6 +1,6 @@
 """A CPU model of FA4's varlen calls: which (query, key) pairs a call computes, and a float
 forward/backward with the signatures and output layouts of
-:mod:`fa4cache.adapters.varlen_calls` (``out [n, Hq, Dv]``, ``lse [Hq, n]``), for tests
+:mod:`fa4cache.ops.varlen_calls` (``out [n, Hq, Dv]``, ``lse [Hq, n]``), for tests
 that run the adapters' real plumbing where FA4 itself cannot run."""
 
 from __future__ import annotations

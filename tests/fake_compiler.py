@@ -16,7 +16,7 @@ from fa4cache.adapters.compile_cache import StoreCompileCache, guard
 from fa4cache.adapters.flash_attn import Installation
 
 from fa4cache.fingerprint import Toolchain
-from fa4cache.store import Artifact, Store
+from fa4cache.store.store import Artifact, Store
 
 TOOLCHAIN = Toolchain("fa4e000000000000cafe", (), "fake", "cp3", "x86_64", 90, ())
 

@@ -69,7 +69,7 @@ def test_default_tiles_per_arch_and_the_error_for_a_wrong_one(
 FA4_REJECTS = r"""
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from fa4cache.blocksparse import block_sparse_tensors
+from fa4cache.masks.blocksparse import block_sparse_tensors
 from fa4cache.masks import make_document_mask
 from fa4cache.adapters.warm import fake_copy
 from flash_attn.cute import interface as fi
@@ -89,7 +89,7 @@ with FakeTensorMode():
 
 @pytest.mark.compile
 def test_fa4_rejects_the_tile_the_table_rejects(tmp_path: Path) -> None:
-    # The table in fa4cache/tiles.py, held against FA4 itself: FA4's sm_100 forward refuses
+    # The table in fa4cache/masks/tiles.py, held against FA4 itself: FA4's sm_100 forward refuses
     # a 128-row query tile, which check_tile refuses too (test above) before FA4 is called.
     p = _in_arch("sm_100", FA4_REJECTS, tmp_path, FLASH_ATTENTION_NUM_SMS="148")
     assert p.returncode == 0, p.stderr[-2000:]

@@ -20,8 +20,8 @@ CODE = r"""
 import os, random, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-from fa4cache import blocksparse_triton as bt
-from fa4cache.blocksparse import classify_tiles
+from fa4cache.masks import blocksparse_triton as bt
+from fa4cache.masks.blocksparse import classify_tiles
 from fa4cache.masks import make_document_mask, make_draft_block_mask
 from tests.test_gpu_fuzz import draw_case, build_mask, check_block_lists
 
@@ -111,7 +111,7 @@ def test_triton_kernels_match_the_torch_path(seed: int) -> None:
 def test_interval_checks_name_the_argument() -> None:
     import torch
 
-    from fa4cache.blocksparse import check_intervals
+    from fa4cache.masks.intervals import check_intervals
 
     lo = torch.zeros(2, 1, 10, dtype=torch.int32)
     bad = [

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fa4cache.layout import LAYOUT
+from fa4cache.store.paths import LAYOUT
 
 from .conftest import ROOT, run_cli, run_worker, start_worker
 

@@ -89,8 +89,8 @@ def test_entry_point_wrapper_swaps_only_a_live_masks_metadata() -> None:
     import torch
     from fa4cache.adapters.mask_tiles import wrap
 
-    from fa4cache.blocksparse import block_sparse_tensors
     from fa4cache.masks import make_draft_block_mask
+    from fa4cache.masks.blocksparse import block_sparse_tensors
 
     seen: list[Any] = []
 

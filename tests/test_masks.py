@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4cache.blocksparse import classify_tiles  # noqa: E402
 from fa4cache.errors import ConfigError  # noqa: E402
 from fa4cache.masks import make_document_mask, make_draft_block_mask  # noqa: E402
+from fa4cache.masks.blocksparse import classify_tiles  # noqa: E402
 
 from .conftest import ROOT, run_worker  # noqa: E402
 from .fa4_varlen_model import call_pairs, sequence_rows  # noqa: E402
@@ -163,7 +163,7 @@ def test_block_sparse_metadata_matches_brute_force(seed: int) -> None:
     exp_p, exp_f = brute_tiles(m.dense(), bq, bk)
     part, full = classify_tiles(*m.intervals, seqlen_q=T, seqlen_k=T, block_q=bq, block_k=bk)
     # Tiles this small are for checking the classification only (FA4 needs 64 and up).
-    from fa4cache.blocksparse import block_sparse_tensors
+    from fa4cache.masks.blocksparse import block_sparse_tensors
 
     fwd_t, bwd_t = block_sparse_tensors(*m.intervals, seqlen_q=T, seqlen_k=T, block_size=(bq, bk))
     # Document masks are monotone intervals: the closed form is exact.
@@ -388,7 +388,7 @@ def test_attention_under_torch_compile_runs_between_graphs(monkeypatch: pytest.M
     import flash_attn.cute as fa
 
     import fa4cache
-    from fa4cache.varlen import VarlenCall
+    from fa4cache.masks.varlen import VarlenCall
 
     from . import fa4_varlen_model
 

@@ -48,7 +48,7 @@ def _probe() -> dict[str, Any]:
 
     import ray
 
-    from fa4cache.runtime import installed_store
+    from fa4cache.store.installed import installed_store
 
     s = installed_store()
     return {
@@ -66,8 +66,8 @@ def _probe() -> dict[str, Any]:
 def _compile_fwd() -> dict[str, Any]:
     from fa4cache.adapters.warm import compile_spec
 
-    from fa4cache.runtime import installed_store
-    from fa4cache.spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
+    from fa4cache.store.installed import installed_store
 
     s = installed_store()
     before = dict(s.counters.values)
@@ -156,7 +156,7 @@ def test_prewarm_fills_every_node(cluster: Any, tmp_path: Path) -> None:
     from fa4cache.ray_integration import prewarm
 
     import fa4cache
-    from fa4cache.spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
 
     env = fa4cache.env(str(tmp_path / "pw-{node_id}"), runtime_env={"env_vars": CROSS})
     ray = _connect(cluster, env)

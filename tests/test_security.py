@@ -27,8 +27,8 @@ import pytest
 VICTIM, ATTACKER = "fa4victim", "fa4attacker"
 # What the users' code imports; loaded before each fork (see User).
 PRELOAD = (
-    "argparse", "getpass", "resource", "filelock", "fa4cache.cli", "fa4cache.maintenance", "fa4cache.stats",
-    "fa4cache.fsinfo", "fa4cache.spec", "tests.fake_compiler", "encodings.idna",
+    "argparse", "getpass", "resource", "filelock", "fa4cache.cli", "fa4cache.store.maintenance", "fa4cache.store.stats",
+    "fa4cache.store.fsinfo", "fa4cache.aot.spec", "tests.fake_compiler", "encodings.idna",
 )  # fmt: skip
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("useradd") is None,
@@ -201,7 +201,7 @@ def test_the_loader_gets_the_verified_bytes_not_the_path(
     from fa4cache.adapters.artifacts import load_callable
 
     from fa4cache.settings import Settings
-    from fa4cache.store import Store
+    from fa4cache.store.store import Store
 
     from .fake_compiler import FakeFA4
 

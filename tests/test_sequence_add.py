@@ -1,4 +1,4 @@
-"""The backward's row-restricted add (adapters/sequence_add.py): the Triton kernel (run on
+"""The backward's row-restricted add (fa4cache/ops/sequence_add.py): the Triton kernel (run on
 the CPU through Triton's interpreter, in a subprocess because the interpreter is chosen at
 import) and the PyTorch form both equal a brute-force loop over the sequences, on random
 layouts: empty sequences, a capacity tail repeating the total, ``seqused`` shorter than the
@@ -20,7 +20,7 @@ CODE = r"""
 import os, random, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-from fa4cache.adapters import sequence_add as sa
+from fa4cache.ops import sequence_add as sa
 from tests.test_sequence_add import draw, brute
 
 seed = int(sys.argv[1])
@@ -111,7 +111,8 @@ def test_torch_form_adds_exactly_the_sequence_rows() -> None:
     import random
 
     import torch
-    from fa4cache.adapters.sequence_add import add_sequences_
+
+    from fa4cache.ops.sequence_add import add_sequences_
 
     rng = random.Random(BASE_SEED)
     for case in range(40):
@@ -124,8 +125,9 @@ def test_torch_form_adds_exactly_the_sequence_rows() -> None:
 def test_fake_cuda_tensors_pass_through() -> None:
     # The cross-compiler runs the backward on fake CUDA tensors on a CPU-only torch.
     import torch
-    from fa4cache.adapters.sequence_add import add_sequences_
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4cache.ops.sequence_add import add_sequences_
 
     with FakeTensorMode():
         dst = torch.empty(100, 4, 64, device="cuda", dtype=torch.bfloat16)
@@ -136,7 +138,8 @@ def test_fake_cuda_tensors_pass_through() -> None:
 
 def test_bad_input_names_the_argument() -> None:
     import torch
-    from fa4cache.adapters.sequence_add import add_sequences_
+
+    from fa4cache.ops.sequence_add import add_sequences_
 
     x = torch.zeros(10, 2, 8)
     with pytest.raises(ValueError, match="src: shape"):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fa4cache.layout import LAYOUT
+from fa4cache.store.paths import LAYOUT
 
 from .conftest import ROOT, finish, run_worker, start_worker, worker_env
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fa4cache.layout import EntryRef
-from fa4cache.maintenance import prune, verify
 from fa4cache.settings import Settings
-from fa4cache.store import Store
+from fa4cache.store.maintenance import prune, verify
+from fa4cache.store.paths import EntryRef
+from fa4cache.store.store import Store
 
 from .fake_compiler import TOOLCHAIN, FakeFA4
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,25 +11,19 @@ from fa4cache.settings import Settings, parse_duration, parse_size, resolve_path
 from fa4cache.store import EntryRef, Store
 
 
-def _publish(store: Store, i: int, size: int) -> EntryRef:
-    ref = EntryRef("ab" * 10, "fwd", f"{i:064x}")
-    lk = store.acquire(ref.digest)
-    staged = store.staging_path(ref)
-    assert staged is not None
-    staged.write_bytes(os.urandom(size))
-    assert store.publish(ref, staged, compile_seconds=1.0)
-    lk.release()
-    return ref
+def test_max_size_is_enforced_after_each_publish(tmp_path: Path) -> None:
+    from .fake_compiler import FakeFA4
 
-
-def test_max_size_is_enforced_on_publish(tmp_path: Path) -> None:
-    store = Store(Settings.from_env(tmp_path / "c", max_size=10_000))
-    refs = [_publish(store, i, 3000) for i in range(8)]
-    total = sum(e.size for e in store.layout.iter_entries())
-    assert total <= 10_000
-    # The most recent publish survives the cap.
-    assert store.load(refs[-1]) is not None
-    assert store.counters.values["evictions"] >= 5
+    store = Store(Settings.from_env(tmp_path / "c", max_size=5_000))
+    fa4 = FakeFA4(store)
+    for key in range(8):
+        assert fa4.call(key, 1) == key + 1
+    sizes = [e.size for e in store.layout.iter_entries()]
+    assert sum(sizes) <= 5_000 and len(sizes) >= 1
+    assert store.counters.values["evictions"] >= 8 - len(sizes)
+    # The most recent publish survives the cap: a fresh process-like cache loads it, compiling 0.
+    fresh = FakeFA4(Store(Settings.from_env(tmp_path / "c")))
+    assert fresh.call(7, 1) == 8 and fresh.compiles == 0
 
 
 def test_sizes_durations_and_placeholders(tmp_path: Path) -> None:
@@ -70,7 +63,7 @@ def test_counter_compaction_keeps_totals_and_never_double_counts(tmp_path: Path)
     import json
     import socket
 
-    from fa4cache import counters
+    from fa4cache.store import counters
 
     d = tmp_path / "stats"
     d.mkdir(mode=0o700)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,34 +15,116 @@ from fa4cache.errors import ConfigError, UnstableKeyError
 
 from .conftest import ROOT, run_cli
 
-CORE = ROOT / "fa4cache"
-# The application layer (these files and the cli/ package, which the glob below does not
-# reach) may reach adapters (lazily); core modules may not.
-TOP_LAYER = {"__init__.py", "__main__.py"}
+# The layers, lowest first: a module may import its own layer and the ones below, never above
+# (function-level imports included). The package face (fa4cache/__init__) resolves lazily.
+LAYERS = (
+    ("fa4cache.errors", "fa4cache.settings", "fa4cache.hashing", "fa4cache.arch", "fa4cache.validate",
+     "fa4cache.fingerprint"),
+    ("fa4cache.store",),
+    ("fa4cache.masks",),
+    ("fa4cache.ops", "fa4cache.aot"),
+    ("fa4cache.adapters",),
+    ("fa4cache.ray_integration",),
+    ("fa4cache.cli", "fa4cache.__main__"),
+)  # fmt: skip
+PACKAGE_DIRS = {"fa4cache": ROOT / "fa4cache", "fa4cache.adapters": ROOT / "adapters",
+                "fa4cache.ray_integration": ROOT / "ray_integration"}  # fmt: skip
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            names.add("." * node.level + mod)
-            names |= {f"{'.' * node.level}{mod}.{a.name}" for a in node.names}
-    return names
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg, d in PACKAGE_DIRS.items():
+        for path in d.rglob("*.py"):
+            parts = list(path.relative_to(d).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([pkg, *parts])] = path
+    return mods
 
 
-def test_no_core_module_imports_adapters_or_ray_integration() -> None:
-    offenders = {}
-    for path in sorted(CORE.glob("*.py")):
-        if path.name in TOP_LAYER:
+def _project_imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Project modules ``name`` imports anywhere in its body (relative imports resolved)."""
+    out = set()
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            parts = base[: len(base) - node.level + 1] if node.level else []
+            mod = ".".join(parts + ([node.module] if node.module else []))
+            subs = {f"{mod}.{a.name}" for a in node.names} & set(mods)
+            out |= subs or ({mod} & set(mods))
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names} & set(mods)
+    return out - {name}
+
+
+def _layer(name: str) -> int:
+    best = None
+    for rank, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or name.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (rank, len(p))
+    assert best is not None, f"{name} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def test_nothing_imports_upward() -> None:
+    mods = _modules()
+    offenders = []
+    for name, path in mods.items():
+        if name == "fa4cache":  # the lazy package face
             continue
-        bad = {n for n in _imports(path) if "adapters" in n or "ray_integration" in n}
-        if bad:
-            offenders[path.name] = sorted(bad)
-    assert not offenders, f"core modules importing adapters: {offenders}"
+        for dep in _project_imports(name, path, mods):
+            if dep != "fa4cache" and _layer(dep) > _layer(name):
+                offenders.append(f"{name} -> {dep}")
+    assert not offenders, "upward imports: " + ", ".join(sorted(offenders))
+
+
+def test_no_import_circles() -> None:
+    mods = _modules()
+    graph = {n: {d for d in _project_imports(n, p, mods) if d != "fa4cache"} for n, p in mods.items()}
+    # A package's __init__ re-exporting its own modules is not a circle of peers.
+    for n in graph:
+        graph[n] = {d for d in graph[n] if not d.startswith(n + ".")}
+    seen: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        seen[n] = 1
+        stack.append(n)
+        for d in sorted(graph[n]):
+            if seen.get(d) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(d) :] + [d]))
+            if d not in seen:
+                visit(d)
+        stack.pop()
+        seen[n] = 2
+
+    for n in sorted(graph):
+        if n not in seen:
+            visit(n)
+
+
+def test_the_adapters_cannot_load_twice_under_another_name() -> None:
+    for top in ("adapters", "ray_integration"):
+        p = subprocess.run([sys.executable, "-c", f"import {top}"], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode != 0 and f"import fa4cache.{top}" in p.stderr, p.stderr
+
+
+def test_no_module_parses_an_arch_but_fa4cache_arch() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if name == "fa4cache.arch":
+            continue
+        text = path.read_text()
+        for needle in (
+            'environ.get("FLASH_ATTENTION_ARCH")',
+            "def parse_arch",
+            "DEFAULT_NUM_SMS = ",
+            "ARCH_ENV = ",
+        ):
+            if needle in text:
+                offenders.append(f"{name}: {needle}")
+    assert not offenders, offenders
 
 
 def _template_module(tmp_path: Path, name: str, window: str) -> object:
@@ -89,7 +172,7 @@ def test_a_global_value_without_stable_encoding_is_refused(tmp_path: Path) -> No
 
 def test_prune_stale_judges_by_recorded_use_not_by_this_shells_environment(tmp_path: Path) -> None:
     from fa4cache.settings import Settings
-    from fa4cache.store import Store
+    from fa4cache.store.store import Store
 
     from .fake_compiler import FakeFA4
 
@@ -104,8 +187,8 @@ def test_prune_stale_judges_by_recorded_use_not_by_this_shells_environment(tmp_p
 def test_every_flag_setting_parses_the_same_words(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from fa4cache.blocksparse import _use_triton
     from fa4cache.masks import make_document_mask
+    from fa4cache.masks.blocksparse import _use_triton
 
     cuda_like = type("CudaTensor", (), {"is_cuda": True})()
     monkeypatch.setenv("FA4CACHE_TRITON", "false")

@@ -27,11 +27,11 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture
 def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
-    from fa4cache.adapters import attention as attention_mod
-    from fa4cache.adapters import step_mask, varlen_calls
     from fa4cache.adapters import transformers as fht
 
     import fa4cache
+    from fa4cache.ops import attention as attention_mod
+    from fa4cache.ops import step_mask, varlen_calls
 
     from . import fa4_varlen_model
 
@@ -212,7 +212,7 @@ def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
 
 
 def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
-    from fa4cache.adapters import step_mask
+    from fa4cache.ops import step_mask
 
     cfg = _configs()["mistral-sliding"]  # sliding_window=7
     with torch.no_grad():
@@ -249,7 +249,7 @@ def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(
     ids = torch.randint(0, cfg.vocab_size, (1, 20))
     prefix = make_document_mask(torch.tensor([0, 12, 20]), prefix_lengths=torch.tensor([5, 3]))
     seen = []
-    from fa4cache.adapters import attention as attention_mod
+    from fa4cache.ops import attention as attention_mod
 
     real = attention_mod.attention
 
@@ -286,7 +286,7 @@ os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 import fa4cache
-from fa4cache.adapters import packed_attention, step_mask
+from fa4cache.ops import packed_attention, step_mask
 from fa4cache.adapters import transformers as fht
 from fa4cache.adapters.warm import fake_copy
 
@@ -347,7 +347,7 @@ def test_the_step_mask_follows_its_source_tensor(adapter: Any) -> None:
     # One mask per step: any tensor over the same memory, layout and version (what a layer
     # or the compiled backward sees) gets the same mask; a batch written into the same
     # buffer (CUDA-graph staging) gets a new one with the new documents.
-    from fa4cache.adapters.step_mask import step_mask
+    from fa4cache.ops.step_mask import step_mask
 
     _, calls = adapter
     pos = torch.cat([torch.arange(n) for n in (3, 5, 4)]).view(1, -1)

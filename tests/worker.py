@@ -61,7 +61,7 @@ def main() -> None:
         return
 
     import fa4cache
-    from fa4cache.spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
 
     store = fa4cache.install()
     if a.wait_file:
@@ -133,7 +133,7 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     store.counters.flush()
     c = store.counters.values
-    from fa4cache import runtime
+    from fa4cache.store import installed as runtime
 
     tc = runtime.current_toolchain()
     _result(

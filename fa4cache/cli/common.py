@@ -34,7 +34,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def open_store(args: argparse.Namespace) -> Any:
-    from ..store import Store
+    from fa4cache.store.store import Store
 
     s = settings_of(args)
     if not s.cache_dir.exists():

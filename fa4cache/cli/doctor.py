@@ -25,8 +25,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from importlib import metadata
 
+    from fa4cache.store.fsinfo import NETWORK_FS, lock_works, mount_for
+
     from ..fingerprint import DISTRIBUTIONS, toolchain
-    from ..fsinfo import NETWORK_FS, lock_works, mount_for
 
     problems = 0
 
@@ -59,7 +60,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
     s = settings_of(args)
     line("ok", "cache directory", str(s.cache_dir))
-    from ..layout import Layout
+    from fa4cache.store.paths import Layout
 
     recent = Layout(s.cache_dir).most_recent_toolchain()
     line(

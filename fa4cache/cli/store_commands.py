@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from .. import counters
-    from ..stats import collect
+    from fa4cache.store import counters
+    from fa4cache.store.stats import collect
 
     s = settings_of(args)
     if args.zero:
@@ -132,7 +132,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..maintenance import verify
+    from fa4cache.store.maintenance import verify
 
     store = open_store(args)
     rep = verify(store, repair=args.repair)
@@ -155,7 +155,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from ..maintenance import DAY, prune
+    from fa4cache.store.maintenance import DAY, prune
 
     store = open_store(args)
     max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
@@ -186,7 +186,7 @@ def _report_unremoved(rep: Any) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from ..maintenance import clear
+    from fa4cache.store.maintenance import clear
 
     store = open_store(args)
     if not args.yes:

@@ -14,7 +14,7 @@ from .common import open_store, settings_of
 
 
 def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
-    from ..spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
 
     heads, _, hkv = (args.heads or "16").partition(":")
     try:
@@ -50,7 +50,7 @@ def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
 
 
 def _replay_specs(args: argparse.Namespace) -> tuple[list[Any], int]:
-    from ..spec import KernelSpec
+    from fa4cache.aot.spec import KernelSpec
 
     # Every recorded spec, whatever its toolchain: what is already compiled for the
     # toolchain doing the warming shows as "present".
@@ -78,15 +78,16 @@ def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, 
     # FA4 and the DSL warn about their own deprecations on every import; not the user's concern here.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
+    from fa4cache.aot.spec import KernelSpec
+
     from ..adapters.warm import warm
-    from ..spec import KernelSpec
 
     r = warm([KernelSpec.from_dict(spec_dict)], cache_dir)[0]
     return {"compiles": r.compiles, "present": r.present, "seconds": r.seconds, "error": r.error}
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from ..spec import load_manifest
+    from fa4cache.aot.spec import load_manifest
 
     unreplayable = 0
     if args.replay:
@@ -94,7 +95,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     elif args.manifest:
         specs = load_manifest(args.manifest)
     elif args.hf_config:
-        from ..model_config import load_config, specs_for
+        from fa4cache.aot.model_config import load_config, specs_for
 
         specs = specs_for(
             load_config(args.hf_config), dtypes=args.dtype, backward=args.backward, arch=args.arch

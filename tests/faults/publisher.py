@@ -10,9 +10,9 @@ import random
 import sys
 from pathlib import Path
 
-from fa4cache.layout import EntryRef
-from fa4cache.maintenance import remove
-from fa4cache.store import Store
+from fa4cache.store.maintenance import remove
+from fa4cache.store.paths import EntryRef
+from fa4cache.store.store import Store
 
 data = Path(sys.argv[1]).read_bytes()
 seed = int(sys.argv[2])

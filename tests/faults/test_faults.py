@@ -17,12 +17,12 @@ from typing import Any
 import filelock
 import pytest
 
-from fa4cache import counters as _counters
 from fa4cache.errors import InsecurePath
-from fa4cache.layout import LAYOUT, EntryRef
-from fa4cache.maintenance import prune, verify
 from fa4cache.settings import Settings
-from fa4cache.store import Store
+from fa4cache.store import counters as _counters
+from fa4cache.store.maintenance import prune, verify
+from fa4cache.store.paths import LAYOUT, EntryRef
+from fa4cache.store.store import Store
 
 from ..conftest import ROOT, finish, run_worker, start_worker, worker_env
 

@@ -8,12 +8,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fa4cache.masks.intervals import BIG  # noqa: F401  (re-exported for the mask builders)
+
 # Aux tensors are padded to this many rows past the sequence end: kernels may
 # evaluate the mask for out-of-range rows of the last tile before discarding them.
 ROW_PAD = 256
-# A bound past every position (and small enough for int32 arithmetic on it).
-BIG = 1 << 30
-
 _KEYS = ("mask_mod", "aux_tensors", "block_sparse_tensors", "block_sparse_tensors_bwd")
 
 # Block-sparse metadata object (by id) -> the mask holding it: FA4's entry points receive
@@ -38,7 +37,7 @@ class AttentionMask(Mapping[str, Any]):
     batch: int
     name: str
     intervals: tuple[Any, Any] = field(repr=False)
-    # The documents as FA4 varlen sequences (document masks only): see fa4cache.varlen.
+    # The documents as FA4 varlen sequences (document masks only): see fa4cache.masks.varlen.
     varlen: Any = field(default=None, repr=False)
     # True for a DocumentMaskBuilder's masks: a graph replay rewrites their tensors in
     # place for each new packing, so nothing derived from them may be cached.
@@ -72,7 +71,7 @@ class AttentionMask(Mapping[str, Any]):
         for a builder's mask, whose tensors change in place: rebuilt on every call).
 
         Masks are built on the tiles of head dims up to 128; on sm_90, 192 and 256 need
-        narrower key tiles (:func:`fa4cache.tiles.head_dim_tiles`). :func:`fa4cache.attention`
+        narrower key tiles (:func:`fa4cache.masks.tiles.head_dim_tiles`). :func:`fa4cache.attention`
         calls this, and so does ``flash_attn_func(q, k, v, **mask)`` after ``install()``;
         without ``install()``, write ``flash_attn_func(q, k, v, **mask.for_head_dim(192))``.
         """

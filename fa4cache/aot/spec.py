@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from fa4cache.arch import ARCH_ENV, ARCHS
+from fa4cache.errors import ConfigError
+from fa4cache.validate import positive_number
 
 DTYPES = ("bf16", "fp16")
 MASKS = (
@@ -26,22 +28,6 @@ MASKS = (
     "draft_block",
 )
 HEAD_DIMS = (64, 96, 128, 192, 256)
-# Target arch -> (FLASH_ATTENTION_ARCH, CUTE_DSL_ARCH) for a cross-compile: the one list of
-# archs that warm, manifests and the Ray prewarm accept.
-ARCH_ENV = {
-    "sm_90": ("sm_90", "sm_90a"),
-    "sm_90a": ("sm_90", "sm_90a"),
-    "sm_100": ("sm_100", "sm_100a"),
-    "sm_100a": ("sm_100", "sm_100a"),
-    "sm_103": ("sm_103", "sm_103a"),
-    "sm_103a": ("sm_103", "sm_103a"),
-}
-ARCHS = tuple(ARCH_ENV)
-
-
-def positive_number(value: Any) -> bool:
-    """A finite number above 0, not a bool (a softcap, say)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def layout(
     if prefix is None:
         one = VarlenCall(cu, cu, causal, win, max_seqlen)
         return VarlenLayout((one,), one)
-    from .builtin_masks import document_prefix_mask
+    from fa4cache.masks.builtins import document_prefix_mask
 
     lengths = cu[1:] - cu[:-1]
     # A prefix past the document's end is the whole document.

@@ -1,4 +1,4 @@
-"""Run a layout of several FA4 varlen calls (:class:`fa4cache.varlen.VarlenCall`) as one
+"""Run a layout of several FA4 varlen calls (:class:`fa4cache.masks.varlen.VarlenCall`) as one
 attention, forward and backward.
 
 The calls write disjoint query rows of one output and one LSE, so the forward needs no
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fa4cache.varlen import VarlenCall
+from fa4cache.masks.varlen import VarlenCall
 
 
 def flat_tokens(t: Any) -> Any:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import InsecurePath
+from fa4cache.errors import InsecurePath
 
 TMP_PREFIX = ".tmp."
 _HOST = socket.gethostname()

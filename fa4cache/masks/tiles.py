@@ -25,10 +25,12 @@ cross-compile), else the arch of the CUDA device the mask is built on, else sm_9
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from fa4cache.arch import resolved_arch
+
+DEFAULT_MASK_ARCH = 90
 
 
 @dataclass(frozen=True)
@@ -46,22 +48,11 @@ RULES = {
 }
 
 
-def parse_arch(text: str | None) -> int | None:
-    m = re.fullmatch(r"\s*(?:sm_?)?(\d+)[a-z]?\s*", (text or "").lower())
-    return int(m.group(1)) if m else None
-
-
 def target_arch(device: Any = None) -> int:
-    """The arch masks are built for: ``FLASH_ATTENTION_ARCH``, else ``device``'s, else 90."""
-    arch = parse_arch(os.environ.get("FLASH_ATTENTION_ARCH"))
-    if arch is not None:
-        return arch
-    if device is not None and getattr(device, "type", None) == "cuda":
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(device)
-        return major * 10 + minor
-    return 90
+    """The arch masks are built for (:func:`fa4cache.arch.resolved_arch`), else sm_90: a mask
+    built where nothing names a target (a CPU machine, for its dense reference) gets the
+    tiles of the part most users train on."""
+    return resolved_arch(device) or DEFAULT_MASK_ARCH
 
 
 def rule_for(arch: int) -> TileRule:

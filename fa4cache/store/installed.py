@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .fingerprint import Toolchain
+    from fa4cache.fingerprint import Toolchain
+
     from .store import Store
 
 _lock = threading.Lock()

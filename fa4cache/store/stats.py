@@ -7,10 +7,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fa4cache.settings import Settings
+from fa4cache.store import installed as runtime
+from fa4cache.store.paths import Layout
+
 from . import counters as _counters
-from . import runtime
-from .layout import Layout
-from .settings import Settings
 
 # Keys of the JSON schema (``fa4cache stats --json``); documented in the README.
 SCHEMA_VERSION = 2

@@ -9,7 +9,7 @@
     v2/<toolchain>/<kind>/<digest>.use   last use and hit count (rewritten; not trusted for loading)
     locks/<digest>.lock                  per-key lock: single-flight compile + publish
     quarantine/                          entries that failed verification, kept for inspection
-    stats/                               per-process counters (see :mod:`fa4cache.counters`)
+    stats/                               per-process counters (see :mod:`fa4cache.store.counters`)
 
 Only validated names (hex digests, toolchain ids, kind names) ever become path
 components. Directories are walked without following symlinks: a kind directory that
@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
+from fa4cache.errors import ConfigError
+
 from .secure_io import dir_problem, only_me
 
 LAYOUT = "v2"

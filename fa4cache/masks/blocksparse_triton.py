@@ -1,4 +1,4 @@
-"""The closed-form tile classification of :mod:`fa4cache.blocksparse`, fused into three
+"""The closed-form tile classification of :mod:`fa4cache.masks.blocksparse`, fused into three
 Triton kernels: per-block bounds, then the forward and backward index lists.
 
 Same result as the PyTorch path (tests compare them, on the CPU through Triton's
@@ -13,7 +13,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from .attention_mask import BIG as _BIG
+from fa4cache.masks.intervals import BIG as _BIG
+from fa4cache.masks.intervals import check_intervals
 
 BIG = tl.constexpr(_BIG)  # a global read inside kernels must be a constexpr
 
@@ -118,8 +119,6 @@ def lists(lo: Any, hi: Any, *, seqlen_q: int, seqlen_k: int, block_q: int, block
     counts ``[B, R]`` and left-packed ascending indices ``[B, R, C]`` (int32); index slots
     past a row's count hold 0."""
     import torch
-
-    from .blocksparse import check_intervals
 
     lo, hi = check_intervals(lo, hi, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     B, K, _ = lo.shape

@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .spec import KernelSpec, positive_number
+from fa4cache.aot.spec import KernelSpec
+from fa4cache.errors import ConfigError
+from fa4cache.validate import positive_number
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 

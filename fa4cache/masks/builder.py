@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .attention_mask import AttentionMask, as_int_tensor
-from .document_mask import make_document_mask
+from fa4cache.masks.document import make_document_mask
+from fa4cache.masks.mask import AttentionMask, as_int_tensor
 
 
 class DocumentMaskBuilder:

@@ -15,8 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .hashing import sha256_bytes
-from .layout import EntryRef, is_digest
+from fa4cache.hashing import sha256_bytes
+from fa4cache.store.paths import EntryRef, is_digest
 
 FORMAT = 2
 MAX_SIDECAR_BYTES = 256 * 1024
@@ -96,6 +96,16 @@ class Sidecar:
             return None
         names = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in obj.items() if k in names})
+
+    def facts(self) -> dict[str, Any]:
+        """What a republished copy (fetched from a cluster peer or a bundle) carries over."""
+        return {
+            "compile_seconds": self.compile_seconds,
+            "tvm_ffi": self.tvm_ffi,
+            "key": self.key,
+            "summary": dict(self.summary),
+            "spec": self.spec,
+        }
 
     def to_bytes(self) -> bytes:
         return json.dumps({"format": FORMAT, **asdict(self)}, sort_keys=True).encode()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attention_mask import BIG, AttentionMask, as_int_tensor, check_int32, pad_rows
-from .builtin_masks import interval_mask, interval_masking_enabled
+from fa4cache.masks.builtins import interval_mask, interval_masking_enabled
+from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, check_int32, pad_rows
 
 
 def _doc_bounds_from_cu(cu: Any, T: int) -> tuple[Any, Any, Any]:
@@ -65,7 +65,7 @@ def make_document_mask(
       ``[D]`` with ``cu_seqlens``, ``[B, max_documents]`` with ``document_ids``.
 
     ``sparse_tile`` / ``bwd_sparse_tile`` are FA4's block-sparse tiles (query, key) for the
-    forward and the backward; by default the target arch's (:mod:`fa4cache.tiles`: sm_90
+    forward and the backward; by default the target arch's (:mod:`fa4cache.masks.tiles`: sm_90
     (128, 128) both ways, sm_100 (256, 128) and (128, 256)); a tile FA4 would reject is a
     ``ValueError`` naming the valid sizes. On sm90 with head_dim 65-128
     FA4's backward tiles queries by 64, so ``(64, 128)`` is valid there; it is not the

@@ -5,7 +5,7 @@
   own (no ``mask_mod``). ``[B, T, H, D]`` tensors are viewed as ``[B * T, H, D]`` and
   back. Causal, bidirectional and sliding-window masks are one call through FA4's
   varlen function; prefix-LM is two calls with disjoint query rows (the prefix
-  bidirectional, the rest causal over the whole document, see :mod:`fa4cache.varlen`).
+  bidirectional, the rest causal over the whole document, see :mod:`fa4cache.masks.varlen`).
 * Everything else runs ``flash_attn_func`` with the mask's block-sparse metadata, as
   ``flash_attn_func(q, k, v, **mask)`` does: draft-block masks (a 16-token draft block
   would fill a 128-row varlen tile alone), custom templates.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fa4cache.attention_mask import AttentionMask
-from fa4cache.spec import positive_number
+from fa4cache.masks.mask import AttentionMask
+from fa4cache.validate import positive_number
 
 
 def _first(x: Any) -> Any:

@@ -1,7 +1,7 @@
 """The built-in mask templates: every built-in mask is a union of per-row key intervals.
 
 Both templates read their geometry from aux tensors indexed by ``(batch, query row)``
-and declare their intervals (:data:`~fa4cache.template.ROW_INTERVALS_ATTR`) unless
+and declare their intervals (:data:`~fa4cache.masks.template.ROW_INTERVALS_ATTR`) unless
 ``row_intervals=False`` (``FA4CACHE_INTERVAL_MASKING=0``), which is part of the
 specialisation and so of the hash.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .settings import setting
+from fa4cache.settings import setting
+
 from .template import ROW_INTERVALS_ATTR, mask_template
 
 

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import InsecurePath
+from fa4cache.errors import InsecurePath
+
 from .secure_io import atomic_write, dir_problem, makedirs_private, only_me, pid_alive, read_checked
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError
-from .hashing import encode_key, source_digest
+from fa4cache.errors import ConfigError
+from fa4cache.hashing import encode_key, source_digest
 
 # A mask_mod whose kept keys are a union of per-row intervals names, under this
 # attribute, a ``@cute.jit`` function ``(batch_idx, head_idx, q_idx, seqlen_info,

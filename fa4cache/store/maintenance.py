@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .layout import EntryInfo, EntryRef
+from fa4cache.store.paths import EntryInfo, EntryRef
+
 from .locks import release
 from .secure_io import NotRegularFile, clean_stale_tmp, only_me, read_checked, unlink_quiet
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar

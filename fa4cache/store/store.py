@@ -4,8 +4,8 @@ The store knows nothing about FA4: artifacts are opaque bytes (the FA4 adapter e
 and loads them). Readers take no lock: an entry is published by rename, so it is
 absent or complete. What :meth:`Store.load` returns are the bytes it verified, read
 from one descriptor; a loader gets a private copy of them, never the store's path
-(see :mod:`fa4cache.secure_io` for the trust rules). Layout: :mod:`fa4cache.layout`;
-upkeep (verify, prune, clear): :mod:`fa4cache.maintenance`.
+(see :mod:`fa4cache.store.secure_io` for the trust rules). Layout: :mod:`fa4cache.store.paths`;
+upkeep (verify, prune, clear): :mod:`fa4cache.store.maintenance`.
 """
 
 from __future__ import annotations
@@ -16,19 +16,18 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fa4cache.errors import InsecurePath
+from fa4cache.settings import Settings
+from fa4cache.store.paths import TOOLCHAIN_FILE, EntryRef, Layout
+
 from . import counters as _counters
-from .errors import InsecurePath
-from .layout import LAYOUT, TOOLCHAIN_FILE, EntryRef, Layout
-from .locks import KeyLocks, release
+from .locks import KeyLocks
+from .root import open_root, usable_base
 from .secure_io import (
-    NotRegularFile,
     atomic_write,
-    check_chain,
-    dir_problem,
     fsync_dir,
     makedirs_private,
     only_me,
@@ -37,24 +36,10 @@ from .secure_io import (
     tmp_name,
     unlink_quiet,
 )
-from .settings import Settings, default_dir, node_local_default
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, UseRecord
+from .tiers import Artifact, LocalDir, ReadOnlyBase, Tier, load_tier_class
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """Verified bytes of one entry, ready to load."""
-
-    ref: EntryRef
-    data: bytes
-    sidecar: Sidecar
-    from_base: bool
-
-
-class _Integrity(Exception):
-    """An entry's own files contradict each other (checksum, size, format)."""
 
 
 class Store:
@@ -68,76 +53,51 @@ class Store:
 
     def __init__(self, settings: Settings | None = None, **options: Any) -> None:
         self.settings = settings if settings is not None else Settings.from_env(**options)
-        self.root = self.settings.cache_dir
-        self.layout = Layout(self.root)
-        self.locks = KeyLocks(self.layout.locks_dir)
-        self.writable = True
         self._warned: set[str] = set()
-        self._trusted_dirs: set[Path] = set()
         self._touches: dict[EntryRef, float] = {}
         self._touch_lock = threading.Lock()
         self._toolchains_used: set[str] = set()
-        self._open_root()
+        self.root, self.writable = open_root(self.settings, self._warn_once)
+        self.layout = Layout(self.root)
+        self.locks = KeyLocks(self.layout.locks_dir)
         self.counters = _counters.Counters(self.layout.stats_dir if self.writable else None)
         if self.writable:
             import atexit
 
             atexit.register(self.flush_touches)
         self._base_trust = owners(self.settings.trusted_uids)
-        self.bases = tuple(b for b in map(self._usable_base, self.settings.base_dirs) if b is not None)
+        self.bases = tuple(
+            b
+            for b in (
+                usable_base(p, self._base_trust, self.settings, self._warn_once)
+                for p in self.settings.base_dirs
+            )
+            if b is not None
+        )
+        self.local = (
+            LocalDir(self.root, self._report, self.locks, self.counters, self._put_local)
+            if self.writable
+            else None
+        )
+        self.remote: Tier | None = self._remote_tier()
+        self.tiers: tuple[Tier, ...] = self._build_tiers()
 
-    # ------------------------------------------------------------------ opening
+    def _build_tiers(self) -> tuple[Tier, ...]:
+        bases = [ReadOnlyBase(b, self._base_trust, self._report) for b in self.bases]
+        local = [self.local] if self.local else []
+        return tuple(local + bases + ([self.remote] if self.remote else []))
 
-    def _open_root(self) -> None:
+    def _remote_tier(self) -> Tier | None:
+        spec = self.settings.remote_tier
+        if not spec or not self.writable:  # fetched bytes load from the local directory only
+            return None
         try:
-            check_chain(self.root.parent)
-            makedirs_private(self.root)
-            for sub in ("locks", "quarantine", "stats", LAYOUT):
-                makedirs_private(self.root / sub)
-        except InsecurePath as e:
-            fallback = default_dir()
-            if self.root != fallback and self._is_node_local_default():
-                # Someone else squatted the shared node-local default: use the private one.
-                log.warning("fa4cache: %s; using %s instead", e, fallback)
-                self.root = fallback
-                self.layout = Layout(fallback)
-                self.locks = KeyLocks(self.layout.locks_dir)
-                return self._open_root()
-            if self.settings.insecure_policy == "refuse":
-                raise
-            self._warn_once("insecure-root", f"fa4cache: {e}; using an in-memory cache only")
-            self.writable = False
-        except OSError as e:
-            # Read-only filesystem, permission denied, full disk: kernels still work,
-            # they are just not persisted.
+            return load_tier_class(spec)(self)
+        except Exception as e:  # an unreachable cluster is a local compile, never a failure
             self._warn_once(
-                "unwritable", f"fa4cache: cannot use {self.root} ({e}); kernels will not be persisted"
+                "remote", f"fa4cache: remote tier {spec} unavailable ({type(e).__name__}: {e}); local only"
             )
-            self.writable = False
-
-    def _is_node_local_default(self) -> bool:
-        return self.root == node_local_default()
-
-    def _usable_base(self, path: Path) -> Path | None:
-        try:
-            check_chain(path, trusted=self._base_trust)
-            why = dir_problem(path, trusted=self._base_trust, what="base store")
-        except InsecurePath as e:
-            why = str(e)
-        except OSError as e:
-            self._warn_once(f"base:{path}", f"fa4cache: base store {path} is not usable ({e}); ignoring it")
             return None
-        if why:
-            hint = (
-                " (if a trusted user owns it, add their uid to FA4CACHE_TRUSTED_UIDS)"
-                if "owned by" in why
-                else ""
-            )
-            if self.settings.insecure_policy == "refuse":
-                raise InsecurePath(why + hint)
-            self._warn_once(f"base:{path}", f"fa4cache: {why}{hint}; ignoring it")
-            return None
-        return path
 
     def _warn_once(self, tag: str, message: str) -> None:
         if tag not in self._warned:
@@ -178,140 +138,33 @@ class Store:
     # ------------------------------------------------------------------ read path
 
     def load(self, ref: EntryRef) -> Artifact | None:
-        """Verified bytes of ``ref`` from the local store, else a base store; None on a miss.
+        """Verified bytes of ``ref`` from the first tier that has them; None on a miss.
 
-        Only an integrity failure of a local entry (checksum, size, unparseable
-        sidecar, not a regular file), confirmed under the key's lock, quarantines it.
-        Transient trouble (no file descriptors, I/O errors, a concurrent republish)
-        is a miss, and an untrusted file is refused, not moved.
+        Only an integrity failure of a local entry (checksum, size, unparseable sidecar,
+        not a regular file), confirmed under the key's lock, quarantines it. Transient
+        trouble (no file descriptors, I/O errors, a concurrent republish) is a miss, and
+        an untrusted file is refused, not moved. Bytes from a remote tier are published
+        locally (verified again) before they are returned.
         """
-        roots = ([(self.root, False)] if self.writable else []) + [(b, True) for b in self.bases]
-        for root, is_base in roots:
-            art = self._load_from(ref, root, is_base)
-            if art is not None:
-                return art
-        return None
-
-    def _dirs_trusted(self, ref: EntryRef, root: Path, trusted: frozenset[int]) -> bool | None:
-        """True when the entry's directories exist and are trusted, None when one is
-        missing, False (counted, warned) when one is not trusted."""
-        d = root
-        for part in (LAYOUT, ref.toolchain, ref.kind):
-            d = d / part
-            if d in self._trusted_dirs:
+        for tier in self.tiers:
+            art = tier.get(ref)
+            if art is None:
                 continue
-            try:
-                why = dir_problem(d, trusted=trusted, what="directory")
-            except OSError:  # missing (or unreadable): a miss
-                return None
-            if why:
-                self._refuse(ref, why)
-                return False
-            self._trusted_dirs.add(d)
-        return True
-
-    def _load_from(self, ref: EntryRef, root: Path, is_base: bool) -> Artifact | None:
-        trusted = self._base_trust if is_base else only_me()
-        if not self._dirs_trusted(ref, root, trusted):
-            return None
-        layout = Layout(root)
-        try:
-            return self._read_entry(layout, ref, trusted, is_base)
-        except FileNotFoundError:
-            return None
-        except InsecurePath as e:
-            self._refuse(ref, str(e))
-        except _Integrity as e:
-            if is_base:
-                self._warn_once(
-                    f"base-corrupt:{ref.digest}", f"fa4cache: bad entry {ref.digest[:16]} in base {root}: {e}"
-                )
-                return None
-            return self._confirm_and_quarantine(ref, str(e))
-        except OSError as e:  # EMFILE, EIO, ...: not the entry's fault
-            self._warn_once(
-                f"transient:{e.errno}",
-                f"fa4cache: cannot read {ref.kind} entry {ref.digest[:16]} ({e}); recompiling",
-            )
+            if tier is self.remote:
+                self.counters.add("remote_hits")
+                self.counters.add("remote_seconds", getattr(tier, "last_fetch_seconds", 0.0))
+                self.publish_bytes(ref, art.data, **art.sidecar.facts())
+            return art
         return None
 
-    def _read_entry(self, layout: Layout, ref: EntryRef, trusted: frozenset[int], is_base: bool) -> Artifact:
-        try:
-            side_bytes = read_checked(
-                layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=trusted, what="sidecar"
-            )
-            sidecar = Sidecar.parse(side_bytes, ref)
-            if sidecar is None:
-                raise _Integrity("malformed sidecar")
-            try:
-                data = read_checked(
-                    layout.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=trusted, what="artifact"
-                )
-            except FileNotFoundError:
-                raise _Integrity("sidecar without artifact") from None
-        except (NotRegularFile, ValueError) as e:
-            raise _Integrity(str(e)) from None
-        if not sidecar.matches(data):
-            raise _Integrity(f"checksum mismatch ({len(data)} bytes, sidecar says {sidecar.size})")
-        return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=is_base)
-
-    def _confirm_and_quarantine(self, ref: EntryRef, why: str) -> Artifact | None:
-        # A publisher replaces an entry under the key lock; a reader racing it can see
-        # the new sidecar with the old artifact. Re-read under the lock before judging.
-        try:
-            lk = self.locks.try_lock(ref.digest)
-        except OSError:
-            lk = None
-        if lk is None:
-            return None  # being republished (or unlockable): a miss, not a verdict
-        try:
-            try:
-                return self._read_entry(self.layout, ref, only_me(), False)
-            except FileNotFoundError:
-                return None
-            except _Integrity as e:
-                self.counters.add("corrupt")
-                log.warning(
-                    "fa4cache: corrupt %s entry %s: %s; quarantined, recompiling",
-                    ref.kind,
-                    ref.digest[:16],
-                    e,
-                )
-                self.quarantine(ref, str(e))
-            except (InsecurePath, OSError):
-                pass
-            return None
-        finally:
-            release(lk)
-
-    def _refuse(self, ref: EntryRef, why: str) -> None:
-        self.counters.add("insecure")
-        self._warn_once(
-            f"insecure:{ref.digest}", f"fa4cache: refusing to load {ref.kind} entry {ref.digest[:16]}: {why}"
-        )
+    def _report(self, tag: str, counter: str, message: str) -> None:
+        if counter:
+            self.counters.add(counter)
+        self._warn_once(tag, message)
 
     def quarantine(self, ref: EntryRef, reason: str) -> list[Path]:
         """Move an entry's files to ``quarantine/`` (atomic renames); returns the new paths."""
-        moved = []
-        qdir = self.layout.quarantine_dir
-        stamp = time.time_ns()
-        # Sidecar first: a kill in between leaves an artifact without sidecar (a miss).
-        for src, ext in ((self.layout.sidecar_path(ref), "json"), (self.layout.object_path(ref), "o")):
-            dst = qdir / f"{ref.digest}.{stamp}.{ext}"
-            try:
-                os.replace(src, dst)
-                moved.append(dst)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                log.warning("fa4cache: cannot quarantine %s (%s)", src, e)
-        unlink_quiet(self.layout.use_path(ref))
-        if moved:
-            try:
-                atomic_write(qdir / f"{ref.digest}.{stamp}.reason", reason.encode(), durable=False)
-            except OSError:
-                pass
-        return moved
+        return self.local.quarantine(ref, reason) if self.local else []
 
     # ------------------------------------------------------------------ use records
 
@@ -426,11 +279,22 @@ class Store:
             self._publish_failed(e)
             return False
         self._write_use(ref, time.time(), hit=False)
-        if self.settings.max_size is not None:
-            from .maintenance import enforce_cap
-
-            enforce_cap(self, self.settings.max_size)
         return True
+
+    def publish_bytes(self, ref: EntryRef, data: bytes, **facts: Any) -> bool:
+        """Publish verified bytes that came from elsewhere (a cluster peer, a bundle)."""
+        staged = self.staging_path(ref)
+        if staged is None:
+            return False
+        try:
+            atomic_write(staged, data, durable=False)
+        except OSError as e:
+            self._publish_failed(e)
+            return False
+        return self.publish(ref, staged, **facts)
+
+    def _put_local(self, art: Artifact) -> bool:
+        return self.publish_bytes(art.ref, art.data, **art.sidecar.facts())
 
     def _publish_failed(self, e: Exception) -> None:
         self.counters.add("publish_errors")

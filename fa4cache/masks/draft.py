@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attention_mask import BIG, AttentionMask, as_int_tensor, pad_rows
-from .builtin_masks import draft_block_mask, interval_masking_enabled
+from fa4cache.masks.builtins import draft_block_mask, interval_masking_enabled
+from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, pad_rows
 
 
 def make_draft_block_mask(

@@ -1,0 +1,246 @@
+"""Store tiers: where a lookup looks, in order, behind one small interface.
+
+Like Triton's ``CacheManager``, a tier answers two questions about an entry: "do you have
+verified bytes for it?" (:meth:`Tier.get`) and, for tiers that accept them, "keep these"
+(:meth:`Tier.put`). The :class:`~fa4cache.store.store.Store` asks its tiers in order:
+
+* :class:`LocalDir`: the store's own directory (ours alone; a corrupt entry is quarantined);
+* :class:`ReadOnlyBase`: a base store owned by a trusted uid (never written, never repaired);
+* a remote tier, named ``module:Class`` by ``FA4CACHE_REMOTE_TIER`` (the Ray cluster tier,
+  :mod:`fa4cache.ray_integration.cluster`): bytes it returns are re-verified and written
+  to the local directory before they load.
+
+Every tier hands back the same :class:`Artifact`: bytes read from one descriptor and
+checked against their sidecar, so what loads is what was verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fa4cache.errors import InsecurePath
+
+from .counters import Counters
+from .locks import KeyLocks, release
+from .paths import LAYOUT, EntryRef, Layout
+from .secure_io import NotRegularFile, atomic_write, dir_problem, only_me, read_checked, unlink_quiet
+from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Verified bytes of one entry, ready to load."""
+
+    ref: EntryRef
+    data: bytes
+    sidecar: Sidecar
+    from_base: bool
+    tier: str = "local"
+
+
+class Integrity(Exception):
+    """An entry's own files contradict each other (checksum, size, format)."""
+
+
+class Tier(Protocol):
+    """One place kernels can come from."""
+
+    name: str
+
+    def get(self, ref: EntryRef) -> Artifact | None:
+        """Verified bytes of ``ref``, or None (a miss, an untrusted or a corrupt entry)."""
+        ...
+
+    def put(self, art: Artifact) -> bool:
+        """Keep ``art`` (already verified); False where this tier does not take entries."""
+        ...
+
+
+def read_entry(layout: Layout, ref: EntryRef, trusted: frozenset[int], *, tier: str) -> Artifact:
+    """The entry's sidecar and artifact, each read from one descriptor and checked against
+    each other. Raises FileNotFoundError (a miss), InsecurePath, :class:`Integrity` or OSError."""
+    try:
+        side_bytes = read_checked(
+            layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=trusted, what="sidecar"
+        )
+        sidecar = Sidecar.parse(side_bytes, ref)
+        if sidecar is None:
+            raise Integrity("malformed sidecar")
+        try:
+            data = read_checked(
+                layout.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=trusted, what="artifact"
+            )
+        except FileNotFoundError:
+            raise Integrity("sidecar without artifact") from None
+    except (NotRegularFile, ValueError) as e:
+        raise Integrity(str(e)) from None
+    if not sidecar.matches(data):
+        raise Integrity(f"checksum mismatch ({len(data)} bytes, sidecar says {sidecar.size})")
+    return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=tier != "local", tier=tier)
+
+
+class _DirTier:
+    """What the local directory and read-only bases share: trust-checked directories."""
+
+    name = "dir"
+
+    def __init__(self, root: Path, trusted: frozenset[int], report: Callable[[str, str, str], None]) -> None:
+        self.root = root
+        self.layout = Layout(root)
+        self.trusted = trusted
+        self._report = report  # (tag, counter, message): the store counts and warns once
+
+    def _dirs_trusted(self, ref: EntryRef) -> bool:
+        """Whether the entry's directories exist and are trusted. Checked on every lookup
+        (a few ``lstat``s): a directory swapped for a link after a first load is caught."""
+        d = self.root
+        for part in (LAYOUT, ref.toolchain, ref.kind):
+            d = d / part
+            try:
+                why = dir_problem(d, trusted=self.trusted, what="directory")
+            except OSError:  # missing (or unreadable): a miss
+                return False
+            if why:
+                self.refuse(ref, why)
+                return False
+        return True
+
+    def refuse(self, ref: EntryRef, why: str) -> None:
+        self._report(
+            f"insecure:{ref.digest}",
+            "insecure",
+            f"fa4cache: refusing to load {ref.kind} entry {ref.digest[:16]}: {why}",
+        )
+
+    def get(self, ref: EntryRef) -> Artifact | None:
+        if not self._dirs_trusted(ref):
+            return None
+        try:
+            return read_entry(self.layout, ref, self.trusted, tier=self.name)
+        except FileNotFoundError:
+            return None
+        except InsecurePath as e:
+            self.refuse(ref, str(e))
+        except Integrity as e:
+            return self.on_corrupt(ref, str(e))
+        except OSError as e:  # EMFILE, EIO, ...: not the entry's fault
+            self._report(
+                f"transient:{e.errno}",
+                "",
+                f"fa4cache: cannot read {ref.kind} entry {ref.digest[:16]} ({e}); recompiling",
+            )
+        return None
+
+    def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
+        raise NotImplementedError
+
+    def put(self, art: Artifact) -> bool:
+        return False
+
+
+class ReadOnlyBase(_DirTier):
+    """A base store: trusted owners only, never written or repaired."""
+
+    def __init__(self, root: Path, trusted: frozenset[int], report: Callable[[str, str, str], None]) -> None:
+        super().__init__(root, trusted, report)
+        self.name = f"base:{root}"
+
+    def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
+        self._report(
+            f"base-corrupt:{ref.digest}",
+            "",
+            f"fa4cache: bad entry {ref.digest[:16]} in base {self.root}: {why}",
+        )
+        return None
+
+
+class LocalDir(_DirTier):
+    """The store's own directory: a corrupt entry, confirmed under its lock, is quarantined."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: Path,
+        report: Callable[[str, str, str], None],
+        locks: KeyLocks,
+        counters: Counters,
+        put: Callable[[Artifact], bool],
+    ) -> None:
+        super().__init__(root, only_me(), report)
+        self._locks = locks
+        self._counters = counters
+        self._put = put
+
+    def put(self, art: Artifact) -> bool:
+        return self._put(art)
+
+    def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
+        # A publisher replaces an entry under the key lock; a reader racing it can see
+        # the new sidecar with the old artifact. Re-read under the lock before judging.
+        try:
+            lk = self._locks.try_lock(ref.digest)
+        except OSError:
+            lk = None
+        if lk is None:
+            return None  # being republished (or unlockable): a miss, not a verdict
+        try:
+            try:
+                return read_entry(self.layout, ref, self.trusted, tier=self.name)
+            except FileNotFoundError:
+                return None
+            except Integrity as e:
+                self._counters.add("corrupt")
+                log.warning(
+                    "fa4cache: corrupt %s entry %s: %s; quarantined, recompiling",
+                    ref.kind,
+                    ref.digest[:16],
+                    e,
+                )
+                self.quarantine(ref, str(e))
+            except (InsecurePath, OSError):
+                pass
+            return None
+        finally:
+            release(lk)
+
+    def quarantine(self, ref: EntryRef, reason: str) -> list[Path]:
+        """Move an entry's files to ``quarantine/`` (atomic renames); returns the new paths."""
+        moved = []
+        qdir = self.layout.quarantine_dir
+        stamp = time.time_ns()
+        # Sidecar first: a kill in between leaves an artifact without sidecar (a miss).
+        for src, ext in ((self.layout.sidecar_path(ref), "json"), (self.layout.object_path(ref), "o")):
+            dst = qdir / f"{ref.digest}.{stamp}.{ext}"
+            try:
+                os.replace(src, dst)
+                moved.append(dst)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("fa4cache: cannot quarantine %s (%s)", src, e)
+        unlink_quiet(self.layout.use_path(ref))
+        if moved:
+            try:
+                atomic_write(qdir / f"{ref.digest}.{stamp}.reason", reason.encode(), durable=False)
+            except OSError:
+                pass
+        return moved
+
+
+def load_tier_class(spec: str) -> Callable[..., Any]:
+    """``module:Class`` -> the class (Triton's way of naming a remote cache backend)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"expected module:Class, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
