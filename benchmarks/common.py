@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,83 @@ def doc_lengths(total: int, rng: Any, lo: int = 256, hi: int = 4096) -> list[int
         out.append(n)
         left -= n
     return out
+
+
+def cu_seqlens(lens: list[int]) -> Any:
+    """FA4 varlen's ``cu_seqlens`` of documents of ``lens`` tokens: int32 on the GPU."""
+    import torch
+
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+
+
+def document_ids(lens: list[int], device: str = "cuda") -> Any:
+    """The document index of every token of documents of ``lens`` tokens, packed in one row."""
+    import torch
+
+    return torch.repeat_interleave(torch.arange(len(lens), device=device), torch.tensor(lens, device=device))
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One packed row of ``T`` tokens of documents, bf16, in both layouts FA4 takes: varlen
+    (``q``: [T, H, D] with ``cu``) and batch (``q4``: [1, T, H, D], its own leaf tensors)."""
+
+    T: int
+    H: int
+    D: int
+    lens: list[int]
+    cu: Any
+    maxlen: int
+    q: Any
+    k: Any
+    v: Any
+    dout: Any
+    q4: Any
+    k4: Any
+    v4: Any
+    dout4: Any
+
+
+def packed_row(T: int, lens: list[int], H: int, D: int) -> PackedRow:
+    import torch
+
+    cu = cu_seqlens(lens)
+    maxlen = max(lens)
+    q, k, v = (
+        torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    )
+    dout = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (q, k, v))
+    return PackedRow(T, H, D, lens, cu, maxlen, q, k, v, dout, q4, k4, v4, dout.unsqueeze(0))
+
+
+def install_fa4cache() -> None:
+    """Load torch, triton's timer and FA4, then route FA4's compile caches through fa4cache,
+    in the order the GPU benchmarks always did."""
+    import torch  # noqa: F401
+    import triton.testing  # noqa: F401
+    from flash_attn.cute import flash_attn_func  # noqa: F401
+
+    import fa4cache
+    import fa4cache.masks  # noqa: F401
+
+    fa4cache.install()
+
+
+def bench_ms(fn: Any, rep: int = 200) -> float:
+    """Median milliseconds per call of ``fn`` (triton.testing.do_bench: 25 ms warm-up, ``rep`` ms timed)."""
+    import triton.testing as tt
+
+    return float(tt.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def first(x: Any) -> Any:
+    """The output of an FA4 call that returns (out, lse) or out alone."""
+    return x[0] if isinstance(x, tuple) else x
+
+
+def rel_err(o: Any, ref: Any) -> float:
+    return float((o - ref).norm() / ref.norm())
 
 
 def causal_pairs(lens: list[int], window: int | None = None) -> float:
