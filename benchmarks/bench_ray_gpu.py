@@ -17,23 +17,9 @@ from typing import Any
 from common import save, table
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--cache-dir", default=None)
-    a = p.parse_args()
-
-    import os
-
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single machine: loopback only
+def trainer_class() -> Any:
+    """The Ray actor that takes one document-mask step per call on its GPU."""
     import ray
-    import torch
-
-    import fa4cache
-
-    gpus = torch.cuda.device_count()
-    cache = a.cache_dir or tempfile.mkdtemp(prefix="fa4ray-") + "/cache-{hostname}"
-    ray.init(num_gpus=gpus, num_cpus=8, include_dashboard=False, runtime_env=fa4cache.env(cache))
 
     @ray.remote(num_gpus=1)
     class Trainer:
@@ -78,16 +64,21 @@ def main() -> None:
             s.counters.flush()
             return dict(s.counters.values)
 
-    actors = [Trainer.remote() for _ in range(max(gpus, 1))]
+    return Trainer
+
+
+def run_steps(actors: list[Any], steps: int) -> tuple[list[list[Any]], dict[str, Any], list[dict[str, Any]]]:
+    """Actor 0's first step alone (cold), then the others' first steps, then ``steps`` more
+    on every actor: the rows, actor 0's first step and the others'."""
+    import ray
+
     rows = []
     first0 = ray.get(actors[0].step.remote(0))
     rows.append(["actor 0", "first step (cold)", first0["tokens"], first0["seconds"], first0["compiles"]])
     firsts = ray.get([act.step.remote(i) for i, act in enumerate(actors[1:], 1)])
     for i, f in enumerate(firsts, 1):
         rows.append([f"actor {i}", "first step", f["tokens"], f["seconds"], f["compiles"]])
-    later = ray.get(
-        [act.step.remote(100 + 10 * i + s) for s in range(a.steps) for i, act in enumerate(actors)]
-    )
+    later = ray.get([act.step.remote(100 + 10 * i + s) for s in range(steps) for i, act in enumerate(actors)])
     rows.append(
         [
             "all actors",
@@ -97,7 +88,16 @@ def main() -> None:
             sum(x["compiles"] for x in later),
         ]
     )
-    totals = ray.get([act.totals.remote() for act in actors])
+    return rows, first0, firsts
+
+
+def report(
+    actors: list[Any],
+    rows: list[list[Any]],
+    first0: dict[str, Any],
+    firsts: list[dict[str, Any]],
+    totals: list[dict[str, Any]],
+) -> None:
     total_compiles = sum(t["compiles"] for t in totals)
     summary = [
         [
@@ -129,6 +129,30 @@ def main() -> None:
         ],
         {"rows": rows, "totals": totals},
     )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--cache-dir", default=None)
+    a = p.parse_args()
+
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single machine: loopback only
+    import ray
+    import torch
+
+    import fa4cache
+
+    gpus = torch.cuda.device_count()
+    cache = a.cache_dir or tempfile.mkdtemp(prefix="fa4ray-") + "/cache-{hostname}"
+    ray.init(num_gpus=gpus, num_cpus=8, include_dashboard=False, runtime_env=fa4cache.env(cache))
+    Trainer = trainer_class()
+    actors = [Trainer.remote() for _ in range(max(gpus, 1))]
+    rows, first0, firsts = run_steps(actors, a.steps)
+    totals = ray.get([act.totals.remote() for act in actors])
+    report(actors, rows, first0, firsts, totals)
     ray.shutdown()
 
 
