@@ -332,6 +332,7 @@ def test_ls_shows_the_spec_as_warm_names_it(tmp_path: Path) -> None:
 
 
 def test_every_flag_has_help_and_arch_lists_its_choices() -> None:
+    from fa4cache.aot.spec import MASKS
     from fa4cache.cli import build_parser
 
     parser = build_parser()
@@ -345,6 +346,8 @@ def test_every_flag_has_help_and_arch_lists_its_choices() -> None:
     assert missing == []
     arch = next(a for a in sub.choices["warm"]._actions if "--arch" in a.option_strings)
     assert tuple(arch.choices) == ARCHS
+    mask = next(a for a in sub.choices["warm"]._actions if "--mask" in a.option_strings)
+    assert tuple(mask.choices) == MASKS and all(m in mask.help for m in MASKS)
     for name in ("prune", "clear"):
         assert any("--dry-run" in a.option_strings for a in sub.choices[name]._actions)
 

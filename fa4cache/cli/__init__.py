@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
 from .doctor import cmd_doctor, cmd_env
@@ -66,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--head-dim", action="append", type=int, help="64, 96, 128, 192 or 256 (repeatable; default 128)"
     )
     s.add_argument("--heads", help="query heads, or Q:KV for GQA (default 16)")
-    s.add_argument("--mask", action="append", help="none, causal, document, draft_block, ... (repeatable)")
+    s.add_argument(
+        "--mask",
+        action="append",
+        choices=MASKS,
+        metavar="MASK",
+        help=f"{', '.join(MASKS)} (repeatable; default document)",
+    )
     s.add_argument(
         "--causal",
         action=argparse.BooleanOptionalAction,

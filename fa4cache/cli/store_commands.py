@@ -82,7 +82,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if st["by_toolchain"]:
         print("\nBy toolchain:")
         for tc, v in st["by_toolchain"].items():
-            mark = "  (most recently used)" if v["current"] else ""
+            mark = "  (current: the most recently used one with kernels)" if v["current"] else ""
             print(f"  {tc}  {v['entries']:>6} entries  {human(v['bytes']):>10}{mark}")
     if len(st["by_host"]) > 1:
         print("\nBy host:")
