@@ -1,4 +1,13 @@
-"""Adapters that plug fa4cache into other libraries (installed as ``fa4cache.adapters``)."""
+"""Adapters that plug fa4cache into other libraries (installed as ``fa4cache.adapters``).
+
+Submodules load on first attribute access (``fa4cache.adapters.transformers.register()``
+after a bare ``import fa4cache``), so this package imports nothing heavy by itself.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
 
 if __name__ != "fa4cache.adapters":
     # From the repository root, ``import adapters`` would load a second copy of these modules with
@@ -6,3 +15,24 @@ if __name__ != "fa4cache.adapters":
     raise ImportError(
         f"import fa4cache.adapters, not {__name__}: this package is installed as fa4cache.adapters"
     )
+
+_SUBMODULES = (
+    "artifacts",
+    "compile_cache",
+    "cross_compile",
+    "fa4_interval_masking",
+    "flash_attn",
+    "mask_tiles",
+    "transformers",
+    "warm",
+)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({n for n in globals() if not n.startswith("_") and n != "annotations"} | set(_SUBMODULES))

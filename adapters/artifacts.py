@@ -36,6 +36,20 @@ def load_callable(art: Artifact) -> Any:
         remove_private_copy(path)
 
 
+# CuTe's dtype names -> the names warm, KernelSpec and the CLI use.
+_SHORT_DTYPES = {
+    "BFloat16": "bf16",
+    "Float16": "fp16",
+    "Float32": "fp32",
+    "Float8E4M3FN": "fp8_e4m3",
+    "Float8E5M2": "fp8_e5m2",
+}
+
+
+def short_dtype(name: str) -> str:
+    return _SHORT_DTYPES.get(name, name)
+
+
 def summary(kind: str, encoded: str) -> dict[str, Any]:
     """A few human-readable facts from the key text (for ``fa4cache ls``)."""
 
@@ -55,7 +69,7 @@ def summary(kind: str, encoded: str) -> dict[str, Any]:
     flat = list(walk(key))
     dtypes = [d["type"].rsplit(".", 1)[-1] for d in flat if isinstance(d, dict) and "type" in d]
     if dtypes:
-        out["dtype"] = dtypes[0]
+        out["dtype"] = short_dtype(dtypes[0])
     ints = [int(d["i"]) for d in flat if isinstance(d, dict) and "i" in d]
     if kind in ("fwd", "bwd") and len(ints) >= 2:
         hd = [i for i in ints if i in (32, 64, 96, 128, 192, 256)]

@@ -72,10 +72,11 @@ class Installation:
     def toolchain(self) -> Toolchain:
         tc = self._toolchain
         if tc is None:
-            tc = self._toolchain = toolchain(
-                resolved_arch(), tuple(self.codegen_patches.items()), num_sms=num_sms_or_none()
-            )
-            self.store.record_toolchain(tc.id, tc.describe())
+            tc = self._toolchain = job_toolchain(self.codegen_patches)
+            if tc.arch is not None:
+                # Without a target nothing compiles here: recording the use would make an
+                # empty toolchain the store's most recent (doctor, stats, prune).
+                self.store.record_toolchain(tc.id, tc.describe())
         return tc
 
     def publish(self, cache: StoreCompileCache, key: Any, fn: Any, pending: Any) -> None:
@@ -132,6 +133,23 @@ class Installation:
     def fold_hits(self) -> None:
         for p in self.patches:
             p.cache.fold_hits()
+
+
+def job_toolchain(codegen_patches: dict[str, str]) -> Toolchain:
+    """The toolchain an installed process compiles for: this environment's target arch and
+    SM count, with the code-generation patches it applied to FA4."""
+    return toolchain(resolved_arch(), tuple(codegen_patches.items()), num_sms=num_sms_or_none())
+
+
+def expected_patches() -> dict[str, str]:
+    """The code-generation patches ``install()`` will apply once FA4 is imported, predicted
+    without importing it (``doctor``): interval masking when enabled and FA4 is installed.
+    (If FA4's layout were unknown to the patch, it would not apply: ``doctor`` says so.)"""
+    from fa4cache.extras import missing
+
+    if setting("FA4CACHE_INTERVAL_MASKING") and not missing("flash_attn"):
+        return {fa4_interval_masking.NAME: fa4_interval_masking.source_digest()}
+    return {}
 
 
 _state_lock = threading.RLock()

@@ -62,6 +62,9 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     host sync (and can be captured in a CUDA graph); more documents than that raise on the
     device rather than merge.
     """
+    from fa4cache.extras import require
+
+    require("fa4cache.adapters.transformers", "transformers", "torch", "flash_attn", "cutlass")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -36,8 +36,11 @@ class WarmResult:
     spec: KernelSpec
     compiles: int
     present: int  # kernels already there: loaded from the store or already in this process's memory
-    seconds: float
+    seconds: float  # wall time of the spec: mask, tracing, loads and compiles
     error: str | None = None
+    # Time spent compiling its kernels, counted as ``fa4cache stats`` counts it (from a miss
+    # to the kernel's publication); 0 when every kernel was present.
+    compile_seconds: float = 0.0
 
 
 def _fake_like(t: Any) -> Any:
@@ -92,6 +95,20 @@ def fake_varlen_call(mask: Any, q: Any, k: Any, v: Any, *, backward: bool, softc
         varlen_calls.backward(q2, k2, v2, out, torch.empty_like(out), lse, calls, None, softcap)
 
 
+def _absorb_fake_data_ptr_warning() -> None:
+    """FA4 hands fake tensors to the DSL, which reads their data pointer (harmless while
+    tracing: nothing runs). torch warns about that once per process, from C++ where no
+    Python filter applies; take that one warning here, where it can be filtered, so that
+    it is not printed. (Call inside ``FakeTensorMode``.)"""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        torch.empty(1, device="cuda").data_ptr()
+
+
 def build_mask(spec: KernelSpec) -> Any | None:
     """A representative (CPU) mask for ``spec``; the geometry does not affect the kernel."""
     import torch
@@ -134,6 +151,7 @@ def compile_spec(spec: KernelSpec) -> None:
     if mask is not None:
         mask = mask.for_head_dim(spec.head_dim)
     with record_spec(spec.to_dict()), FakeTensorMode():
+        _absorb_fake_data_ptr_warning()
         B, T = spec.batch, spec.seqlen if mask is None else mask.seqlen
         q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")
         k = torch.empty(B, T, hkv, spec.head_dim, dtype=dtype, device="cuda")
@@ -177,6 +195,7 @@ def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResu
                 present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
                 seconds=time.perf_counter() - t0,
                 error=err,
+                compile_seconds=float(c["compile_seconds"] - before["compile_seconds"]),
             )
         )
     store.counters.flush()

@@ -17,7 +17,7 @@ functions that need them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from .errors import (
     ConfigError,
@@ -67,7 +67,11 @@ _LAZY = {
     "attention": "fa4cache.ops.attention",
 }
 
-if TYPE_CHECKING:
+# Subpackages reachable as attributes without an import of their own, as the README
+# writes them (``fa4cache.adapters.transformers.register()``).
+_SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
+
+if _typing.TYPE_CHECKING:
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats
@@ -84,16 +88,20 @@ if TYPE_CHECKING:
     from .ray_integration import env
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fa4cache.{name}")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'fa4cache' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(mod), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public face: no typing helpers or private names.
+    public = {n for n in globals() if not n.startswith("_") and n != "annotations"}
+    return sorted(public | set(__all__) | set(_SUBMODULES) | {"__version__"})

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from .packing import run_lengths
+
 pytestmark = pytest.mark.gpu
 
 
@@ -96,7 +98,10 @@ def test_fa4_with_mask_matches_reference(case: dict[str, Any], seed: int) -> Non
         cu = torch.tensor(_layout(rng, T), device=dev, dtype=torch.int32)
         kw: dict[str, Any] = {"causal": case["causal"], "window": case.get("window")}
         if case.get("prefix"):
-            kw["prefix_lengths"] = torch.randint(0, 300, (cu.numel() - 1,), device=dev)
+            # At most each document's length (longer is an error).
+            kw["prefix_lengths"] = torch.minimum(
+                torch.randint(0, 300, (cu.numel() - 1,), device=dev), (cu[1:] - cu[:-1]).long()
+            )
         mask = make_document_mask(cu, **kw)
     B, T, H, D = mask.batch, mask.seqlen, 4, 128
     q, k, v = (
@@ -158,7 +163,10 @@ def test_interval_masking_matches_element_wise_mask_mod(
         cu = torch.tensor(_layout(rng, 2500), device=dev, dtype=torch.int32)
         kw: dict[str, Any] = {"causal": case["causal"], "window": case.get("window")}
         if case.get("prefix"):
-            kw["prefix_lengths"] = torch.randint(0, 300, (cu.numel() - 1,), device=dev)
+            # At most each document's length (longer is an error).
+            kw["prefix_lengths"] = torch.minimum(
+                torch.randint(0, 300, (cu.numel() - 1,), device=dev), (cu[1:] - cu[:-1]).long()
+            )
         return make_document_mask(cu, **kw)
 
     fast = build()
@@ -367,7 +375,11 @@ def test_softcap_matches_reference_on_every_path(seed: int) -> None:
         "document": make_document_mask(document_ids=ids),
         "window": make_document_mask(document_ids=ids, window=rng.choice([63, 200])),
         "prefix": make_document_mask(
-            document_ids=ids, prefix_lengths=torch.randint(0, 300, (B, int(ids.max()) + 1), device="cuda")
+            document_ids=ids,
+            prefix_lengths=torch.minimum(
+                torch.randint(0, 300, (B, int(ids.max()) + 1), device="cuda"),
+                run_lengths(ids, int(ids.max()) + 1),
+            ),
         ),
         "draft": make_draft_block_mask(
             torch.sort(torch.randint(0, T // 2, (B, (T - T // 2) // 16), device="cuda"), 1).values,

@@ -95,7 +95,10 @@ def draw_case(rng: random.Random) -> dict[str, Any]:
     if "window" in option:
         case["window"] = rng.choice([0, 1, rng.randint(2, 300), 127, 128, 129])
     if option == "prefix":
-        case["prefix"] = [[rng.randint(0, 400) for _ in range(len(p) - 1)] for p in case["packings"]]
+        # At most each document's length (longer is an error).
+        case["prefix"] = [
+            [min(rng.randint(0, 400), p[i + 1] - p[i]) for i in range(len(p) - 1)] for p in case["packings"]
+        ]
     return case
 
 

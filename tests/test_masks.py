@@ -84,7 +84,10 @@ def test_document_mask_matches_definition(seed: int, variant: str) -> None:
     cu = torch.tensor([0] + [sum(1 for d in doc_of if d <= i) for i in range(n_docs)])
     causal = variant in ("causal", "window", "prefix")
     window = rng.randint(0, 9) if "window" in variant else None
-    prefix = {d: rng.randint(0, 8) for d in range(n_docs)} if variant == "prefix" else None
+    # A prefix is at most its document's length (longer is an error, tested below).
+    prefix = (
+        {d: min(rng.randint(0, 8), doc_of.count(d)) for d in range(n_docs)} if variant == "prefix" else None
+    )
     kw: dict[str, Any] = {"causal": causal, "window": window}
     if prefix is not None:
         kw["prefix_lengths"] = torch.tensor([prefix[d] for d in range(n_docs)])
@@ -98,8 +101,10 @@ def test_document_mask_matches_definition(seed: int, variant: str) -> None:
     kw2 = dict(kw)
     if prefix is not None:
         n2 = doc2[-1] + 1
-        p2 = [prefix.get(d, 0) for d in range(max(n_docs, n2))]
-        kw2["prefix_lengths"] = torch.tensor([p2, p2])
+        width = max(n_docs, n2)
+        p1 = [prefix.get(d, 0) for d in range(width)]
+        p2 = [min(prefix.get(d, 0), doc2.count(d)) for d in range(width)]
+        kw2["prefix_lengths"] = torch.tensor([p1, p2])
         prefix2 = {d: p2[d] for d in range(n2)}
     else:
         prefix2 = None
@@ -353,13 +358,13 @@ def test_varlen_layout_is_the_same_mask(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_windowed_prefix_lm_on_varlen(seed: int) -> None:
-    # Prefix-LM with a window (the fuzz draws none): prefixes of 0, inside, equal to and
-    # past the document's length.
+    # Prefix-LM with a window (the fuzz draws none): prefixes of 0, inside and equal to the
+    # document's length (past it is an error).
     rng = random.Random(seed)
     for _ in range(10):
         lens = [rng.choice([1, 2, 7, 64, 129, rng.randint(1, 300)]) for _ in range(rng.randint(1, 5))]
         cu = torch.tensor([0, *itertools.accumulate(lens)])
-        prefix = torch.tensor([rng.choice([0, 1, n // 2, n, n + 5]) for n in lens])
+        prefix = torch.tensor([rng.choice([0, min(1, n), n // 2, n]) for n in lens])
         window = rng.choice([0, 1, 5, 64])
         mask = make_document_mask(cu, prefix_lengths=prefix, window=window)
         ref = mask.dense()
@@ -433,7 +438,7 @@ def test_the_varlen_model_backward_is_the_gradient_of_its_forward(softcap: Any) 
     lens = [5, 1, 9, 4]
     T = sum(lens)
     mask = make_document_mask(
-        torch.tensor([0, *itertools.accumulate(lens)]), seqlen=T, prefix_lengths=torch.tensor([2, 0, 4, 9])
+        torch.tensor([0, *itertools.accumulate(lens)]), seqlen=T, prefix_lengths=torch.tensor([2, 0, 4, 4])
     )
     calls = mask.varlen.calls
     assert len(calls) == 2

@@ -466,7 +466,7 @@ def test_an_infinite_last_use_does_not_make_an_entry_unprunable(people: Any) -> 
     obj.with_suffix(".use").write_text('{"last_used": Infinity, "hits": 3}')
     os.utime(obj, (time.time() - 40 * 86400,) * 2)
     p = victim.cli(mine, "prune", "--older-than", "30d")
-    assert p.returncode == 0 and "removed 1 entries" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "removed 1 entry" in p.stdout, p.stdout + p.stderr
 
 
 def test_a_fifo_artifact_does_not_hang_verify(people: Any) -> None:

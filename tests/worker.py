@@ -101,7 +101,12 @@ def main() -> None:
             kind = kinds[i % len(kinds)]
             kw: dict = {"causal": kind != "bidirectional", "window": 128 if kind == "window" else None}
             if kind == "prefix":
-                kw["prefix_lengths"] = torch.randint(0, 64, (B, 64), generator=g)
+                from tests.packing import run_lengths
+
+                # At most each document's length (longer is an error).
+                kw["prefix_lengths"] = torch.minimum(
+                    torch.randint(0, 64, (B, 64), generator=g), run_lengths(ids, 64)
+                )
             mask = make_document_mask(document_ids=ids, **kw)
             with FakeTensorMode():
                 q = torch.empty(B, T, 4, 128, dtype=torch.bfloat16, device="cuda")

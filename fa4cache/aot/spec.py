@@ -96,6 +96,25 @@ class KernelSpec:
         )
 
 
+# Fields that select a kernel only for some masks: shown for those alone.
+_ONLY_FOR = {"window": ("document_window",), "block_size": ("draft_block",)}
+
+
+def relevant_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """A recorded spec without the fields its mask ignores (``window`` of a plain document
+    mask, ``block_size`` of anything but a draft-block mask) and without unset options
+    (``softcap``, ``heads_kv``, ``head_dim_v`` of None): what ``ls`` shows."""
+    mask = spec.get("mask")
+    return {
+        k: v
+        for k, v in spec.items()
+        if (k not in _ONLY_FOR or mask in _ONLY_FOR[k]) and not (v is None and k in _OPTIONAL)
+    }
+
+
+_OPTIONAL = ("softcap", "heads_kv", "head_dim_v")
+
+
 def load_manifest(path: str | Path) -> list[KernelSpec]:
     """Read a JSON list of spec objects; errors name the file and the entry."""
     p = Path(path)

@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..aot.spec import MASKS
+from ..arch import ARCHS
 from ..errors import Fa4CacheError
 from .doctor import cmd_doctor, cmd_env
 from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
@@ -27,48 +29,80 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the numbers as JSON (schema in the README)")
     s.add_argument("--zero", action="store_true", help="reset the counters (entries are kept)")
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("ls", help="one line per entry")
-    s.add_argument("--kind")
-    s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--kind", help="only entries of this kernel kind (fwd, bwd, ...: the kinds the store holds)"
+    )
+    s.add_argument("--json", action="store_true", help="print the entries as a JSON list")
     s.set_defaults(func=cmd_ls)
 
     s = sub.add_parser("verify", help="check every entry's checksum and sidecar")
     s.add_argument("--repair", action="store_true", help="quarantine bad entries")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
-    s.add_argument("--max-size")
-    s.add_argument("--older-than")
+    s.add_argument("--max-size", help="evict least recently used entries until the store fits (e.g. 20G)")
+    s.add_argument("--older-than", help="evict entries unused for this long (e.g. 30d, 12h)")
     s.add_argument(
         "--fingerprint", help="'stale': entries of toolchains no process has used for --stale-after"
     )
     s.add_argument("--stale-after", help="with --fingerprint stale: unused for this long (default 1d)")
+    s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
     s.set_defaults(func=cmd_prune)
 
     s = sub.add_parser("clear", help="remove every entry")
     s.add_argument("--all", action="store_true", help="also counters and quarantine")
-    s.add_argument("--yes", action="store_true")
+    s.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
     s.set_defaults(func=cmd_clear)
 
     s = sub.add_parser("warm", help="compile kernel sets ahead of time, without a GPU")
-    s.add_argument("--dtype", action="append", choices=["bf16", "fp16"])
-    s.add_argument("--head-dim", action="append", type=int)
+    s.add_argument("--dtype", action="append", choices=["bf16", "fp16"], help="(repeatable; default bf16)")
+    s.add_argument(
+        "--head-dim", action="append", type=int, help="64, 96, 128, 192 or 256 (repeatable; default 128)"
+    )
     s.add_argument("--heads", help="query heads, or Q:KV for GQA (default 16)")
-    s.add_argument("--mask", action="append", help="none, causal, document, draft_block, ... (repeatable)")
-    s.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-    s.add_argument("--window", type=int)
-    s.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
-    s.add_argument("--seqlen", type=int, default=1024)
+    s.add_argument(
+        "--mask",
+        action="append",
+        choices=MASKS,
+        metavar="MASK",
+        help=f"{', '.join(MASKS)} (repeatable; default document)",
+    )
+    s.add_argument(
+        "--causal",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="document masks: causal inside documents",
+    )
+    s.add_argument("--window", type=int, help="document masks: a sliding window of this many earlier keys")
+    s.add_argument(
+        "--backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also compile the backward kernels",
+    )
+    s.add_argument(
+        "--seqlen",
+        type=int,
+        default=1024,
+        help="length of the representative call (kernels serve every length)",
+    )
     s.add_argument(
         "--varlen", action="store_true", help="document masks: the kernels fa4cache.attention runs"
     )
-    s.add_argument("--arch", default="sm_90")
-    s.add_argument("--manifest", help="JSON list of specs")
+    s.add_argument(
+        "--arch",
+        default="sm_90",
+        choices=ARCHS,
+        help="target GPU arch to cross-compile for (default sm_90: H100/H200)",
+    )
+    s.add_argument("--manifest", help="a JSON list of kernel specs (fields as in KernelSpec)")
     s.add_argument(
         "--hf-config",
         metavar="PATH",
@@ -80,15 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile every spec recorded in the store (e.g. after an upgrade)",
     )
-    s.add_argument("-j", "--jobs", type=int, default=1)
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-j", "--jobs", type=int, default=1, help="compile this many specs in parallel processes")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_warm)
 
     s = sub.add_parser("env", help="environment to export for a job")
-    s.add_argument("--shell", action="store_true")
+    s.add_argument(
+        "--shell", action="store_true", help='as export lines for a shell (eval "$(fa4cache env --shell)")'
+    )
     s.set_defaults(func=cmd_env)
 
-    s = sub.add_parser("doctor", help="check versions, GPU, directory, filesystem, locks")
+    s = sub.add_parser(
+        "doctor", help="check versions, GPU, directory, filesystem, locks (exit 1 when a check fails)"
+    )
     s.set_defaults(func=cmd_doctor)
     return p
 
@@ -104,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (Fa4CacheError, OSError, ValueError) as e:
-        print(f"fa4cache {args.command}: {e}", file=sys.stderr)
+        # One prefix: a message that already names the command is not prefixed twice.
+        msg = str(e).removeprefix(f"{args.command}: ")
+        print(f"fa4cache {args.command}: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

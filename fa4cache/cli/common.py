@@ -19,6 +19,13 @@ def human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``0 specs``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {nouns or (noun[:-1] + 'ies' if noun.endswith('y') else noun + 's')}"
+
+
 def ago(ts: float | None) -> str:
     if not ts:
         return "-"

@@ -27,14 +27,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from fa4cache.store.fsinfo import NETWORK_FS, lock_works, mount_for
 
-    from ..fingerprint import DISTRIBUTIONS, toolchain
+    from ..fingerprint import DISTRIBUTIONS
 
     problems = 0
 
     def line(status: str, what: str, detail: str) -> None:
         nonlocal problems
         problems += status == "FAIL"
-        print(f"[{status:^4}] {what:<22} {detail}")
+        print(f"[{status:^4}] {what:<28} {detail}")
 
     for d in DISTRIBUTIONS:
         try:
@@ -60,18 +60,37 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
     s = settings_of(args)
     line("ok", "cache directory", str(s.cache_dir))
+    from fa4cache.adapters.flash_attn import expected_patches, job_toolchain
+    from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
     from fa4cache.store.paths import Layout
 
+    target = describe()
+    if target["arch"] is None:
+        line(
+            "info",
+            "target",
+            f"none: no GPU and {ARCH_VAR} unset, so jobs here cannot compile; {CROSS_COMPILE_HINT} "
+            "(`fa4cache warm` takes --arch)",
+        )
+    else:
+        line("ok", "target", f"{target['arch']}, {target['num_sms']} SMs (from the {target['source']})")
     recent = Layout(s.cache_dir).most_recent_toolchain()
+    mine = job_toolchain(expected_patches()).id if target["arch"] is not None else None
+    if mine is None:
+        jobs = "none (no target)"
+    elif recent is None:
+        jobs = f"{mine} (the store holds no kernels yet)"
+    elif mine == recent:
+        jobs = f"{mine} = the store's current one: jobs here load its kernels"
+    else:
+        jobs = (
+            f"{mine}, not the store's current one: jobs here compile anew (another version, arch or SM count)"
+        )
+    line("info", "toolchain (jobs here)", jobs)
     line(
         "info",
         "toolchain (store)",
-        f"{recent or 'none recorded yet'}: the most recently used, recorded by jobs",
-    )
-    line(
-        "info",
-        "toolchain (shell)",
-        f"{toolchain().id}: computed in this shell's environment, without FA4's patches",
+        f"{recent or 'none recorded yet'}: the most recently used one that holds kernels (stats, ls, prune)",
     )
     from ..settings import setting
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..settings import parse_duration, parse_size
-from .common import ago, human, open_store, safe_text, settings_of
+from .common import ago, human, open_store, plural, safe_text, settings_of
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not s.cache_dir.exists():
             raise ConfigError(f"cache directory {s.cache_dir} does not exist")
         counters.zero(s.cache_dir / "stats")
-        print(f"counters zeroed for {s.cache_dir}")
+        if args.json:
+            print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
+        else:
+            print(f"counters zeroed for {s.cache_dir}")
         return 0
     counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
@@ -79,7 +82,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if st["by_toolchain"]:
         print("\nBy toolchain:")
         for tc, v in st["by_toolchain"].items():
-            mark = "  (most recently used)" if v["current"] else ""
+            mark = "  (current: the most recently used one with kernels)" if v["current"] else ""
             print(f"  {tc}  {v['entries']:>6} entries  {human(v['bytes']):>10}{mark}")
     if len(st["by_host"]) > 1:
         print("\nBy host:")
@@ -92,6 +95,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     store = open_store(args)
+    if args.kind is not None:
+        kinds = sorted({k for tc in store.layout.toolchains() for k in store.layout.kinds(tc)})
+        if args.kind not in kinds:
+            held = f"kinds in this store: {', '.join(kinds)}" if kinds else "the store holds no entries yet"
+            raise ConfigError(f"--kind: no entries of kind {args.kind!r}; {held}")
     rows = []
     for e in store.layout.iter_entries(kind=args.kind):
         side = store.read_sidecar(e.ref)
@@ -112,23 +120,69 @@ def cmd_ls(args: argparse.Namespace) -> int:
             }
         )
     rows.sort(key=lambda r: (r["kind"], -(r["last_used"] or 0)))
+    for r in rows:
+        r["summary"] = display_summary(r["summary"])
+        r["spec"] = relevant_fields(r["spec"])
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(
-        f"{'kind':<16}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
-    )
-    for r in rows:
-        s = r["summary"]
-        mask = (r["spec"] or {}).get("mask") or s.get("mask") or "-"
-        cs = r["compile_seconds"]
-        print(
-            f"{r['kind'][:15]:<16}{r['digest'][:12]:<14}{safe_text(s.get('dtype', '-'))[:9]:<10}{safe_text(s.get('head_dim', '-'))[:5]:>5}  "
-            f"{safe_text(mask)[:13]:<14}{human(r['size']):>10}{('-' if cs is None else f'{cs:.1f}s'):>9}  "
-            f"{ago(r['last_used']):<12}{r['hits']:>6}"
+    table = [
+        (
+            r["kind"],
+            r["digest"][:12],
+            safe_text(r["summary"].get("dtype", "-")),
+            safe_text(r["summary"].get("head_dim", "-")),
+            safe_text(mask_label(r["spec"], r["summary"])),
+            human(r["size"]),
+            "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.1f}s",
+            ago(r["last_used"]),
+            str(r["hits"]),
         )
-    print(f"{len(rows)} entries")
+        for r in rows
+    ]
+    head = ("kind", "digest", "dtype", "hdim", "mask", "size", "compile", "last used", "hits")
+    right = {3, 5, 6, 8}  # numbers
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
+    for line in (head, *table):
+        print(
+            "  ".join(
+                c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))
+            ).rstrip()
+        )
+    print(plural(len(rows), "entry"))
     return 0
+
+
+def display_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar's summary with the dtype as warm and KernelSpec spell it (``bf16``; older
+    stores recorded CuTe's ``BFloat16``)."""
+    from fa4cache.adapters.artifacts import short_dtype
+
+    out = dict(summary or {})
+    if isinstance(out.get("dtype"), str):
+        out["dtype"] = short_dtype(out["dtype"])
+    return out
+
+
+def relevant_fields(spec: Any) -> Any:
+    from fa4cache.aot.spec import relevant_fields as fields_of
+
+    return fields_of(spec) if isinstance(spec, dict) else spec
+
+
+def mask_label(spec: Any, summary: dict[str, Any]) -> str:
+    """The mask as warm names it, with what selects another kernel (window, softcap, varlen);
+    entries compiled by training calls carry no spec: their mask's hash prefix."""
+    if not isinstance(spec, dict):
+        return str(summary.get("mask") or "-")
+    mask = str(spec.get("mask", "-"))
+    if "window" in spec:
+        mask += f"({spec['window']})"
+    if spec.get("softcap"):
+        mask += f" softcap{spec['softcap']:g}" if isinstance(spec["softcap"], (int, float)) else ""
+    if spec.get("varlen"):
+        mask += " varlen"
+    return mask
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -166,20 +220,43 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.fingerprint == "stale":
         stale_after = parse_duration(args.stale_after, setting="--stale-after") if args.stale_after else DAY
     if max_size is None and older is None and stale_after is None:
-        raise ConfigError("prune: give --max-size, --older-than and/or --fingerprint stale")
-    rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after)
+        raise ConfigError("give --max-size, --older-than and/or --fingerprint stale")
+    rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after, dry_run=args.dry_run)
     store.counters.flush()
+    if args.dry_run:
+        return _report_dry_run(rep, store)
     remaining = list(store.layout.iter_entries())
     print(
-        f"removed {len(rep.removed)} entries ({human(rep.freed_bytes)}); "
+        f"removed {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
         f"{len(remaining)} remain ({human(sum(e.size for e in remaining))})"
     )
+    if rep.removed_toolchains:
+        print(
+            f"removed {plural(len(rep.removed_toolchains), 'empty toolchain directory', 'empty toolchain directories')}"
+        )
     return _report_unremoved(rep)
+
+
+def _report_dry_run(rep: Any, store: Any) -> int:
+    for e in rep.removed:
+        print(
+            f"would remove {e.ref.kind:<16} {e.ref.digest[:16]}  {human(e.size):>10}  toolchain {e.ref.toolchain}"
+        )
+    for tc in rep.removed_toolchains:
+        print(f"would remove empty toolchain directory {tc}")
+    remaining = [e for e in store.layout.iter_entries() if e.ref not in {r.ref for r in rep.removed}]
+    print(
+        f"dry run: would remove {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
+        f"{len(remaining)} would remain ({human(sum(e.size for e in remaining))})"
+    )
+    return 0
 
 
 def _report_unremoved(rep: Any) -> int:
     if rep.skipped:
-        print(f"skipped {len(rep.skipped)} entries whose key another process holds (compiling or publishing)")
+        print(
+            f"skipped {plural(len(rep.skipped), 'entry')} whose key another process holds (compiling or publishing)"
+        )
     for ref, why in rep.failed:
         print(f"  could not remove {ref.kind} {ref.digest[:16]}: {safe_text(why)}")
     return 1 if rep.skipped or rep.failed else 0
@@ -189,13 +266,15 @@ def cmd_clear(args: argparse.Namespace) -> int:
     from fa4cache.store.maintenance import clear
 
     store = open_store(args)
+    if args.dry_run:
+        return _report_dry_run(clear(store, everything=args.all, dry_run=True), store)
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ConfigError("clear: refusing to clear without a terminal to confirm; pass --yes")
+            raise ConfigError("refusing to clear without a terminal to confirm; pass --yes (or --dry-run)")
         answer = input(f"Remove every entry{' and all counters' if args.all else ''} in {store.root}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
     rep = clear(store, everything=args.all)
-    print(f"removed {len(rep.removed)} entries from {store.root}")
+    print(f"removed {plural(len(rep.removed), 'entry')} from {store.root}")
     return _report_unremoved(rep)

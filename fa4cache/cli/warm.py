@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from .common import open_store, settings_of
+from .common import open_store, plural, settings_of
 
 
 def _specs_from_flags(args: argparse.Namespace) -> list[Any]:
@@ -83,11 +83,38 @@ def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, 
     from ..adapters.warm import warm
 
     r = warm([KernelSpec.from_dict(spec_dict)], cache_dir)[0]
-    return {"compiles": r.compiles, "present": r.present, "seconds": r.seconds, "error": r.error}
+    return {
+        "compiles": r.compiles,
+        "present": r.present,
+        "seconds": r.seconds,
+        "compile_seconds": r.compile_seconds,
+        "error": r.error,
+    }
+
+
+def table(results: list[tuple[Any, dict[str, Any]]]) -> tuple[list[str], int]:
+    """The result table's lines (columns as wide as the longest spec) and how many failed.
+
+    "compile s" is what ``fa4cache stats`` counts (each kernel from its miss to its
+    publication); "wall s" adds the mask, FA4's tracing and loads."""
+    w = max(len("spec"), *(len(s.label()) for s, _ in results))
+    lines = [f"{'spec':<{w}}  {'compiled':>8}  {'present':>7}  {'compile s':>9}  {'wall s':>7}  status"]
+    failed = 0
+    for s, r in results:
+        status = "ok" if r["error"] is None else f"FAILED: {r['error'][:80]}"
+        failed += r["error"] is not None
+        lines.append(
+            f"{s.label():<{w}}  {r['compiles']:>8}  {r['present']:>7}  {r['compile_seconds']:>9.1f}  "
+            f"{r['seconds']:>7.1f}  {status}"
+        )
+    return lines, failed
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
     from fa4cache.aot.spec import load_manifest
+    from fa4cache.extras import require
+
+    require("compiling kernels", "torch", "flash_attn", "cutlass")
 
     unreplayable = 0
     if args.replay:
@@ -112,10 +139,14 @@ def cmd_warm(args: argparse.Namespace) -> int:
     archs = sorted({s.arch.rstrip("a") for s in specs})
     if len(archs) > 1:
         # FA4 reads its target arch once, at import: one process compiles for one arch.
-        raise ConfigError(f"warm: one target arch per run, got {', '.join(archs)}; run warm once per arch")
+        raise ConfigError(f"one target arch per run, got {', '.join(archs)}; run warm once per arch")
     from ..adapters.warm import set_cross_compile_env
 
     set_cross_compile_env(specs[0].arch)
+    from ..arch import describe
+
+    target = describe()
+    print(f"target {target['arch']} ({target['num_sms']} SMs), store {cache_dir}", flush=True)
     results: list[tuple[Any, dict[str, Any]]] = []
     t0 = time.perf_counter()
     progress = sys.stderr.isatty() and not args.quiet
@@ -138,7 +169,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
                 try:
                     r = f.result()
                 except Exception as e:
-                    r = {"compiles": 0, "present": 0, "seconds": 0.0, "error": f"{type(e).__name__}: {e}"}
+                    r = {
+                        "compiles": 0,
+                        "present": 0,
+                        "seconds": 0.0,
+                        "compile_seconds": 0.0,
+                        "error": f"{type(e).__name__}: {e}",
+                    }
                 results.append((s, r))
                 report(i, s, r)
     else:
@@ -148,15 +185,13 @@ def cmd_warm(args: argparse.Namespace) -> int:
             report(i, s, r)
     if progress:
         sys.stderr.write("\n")
-    print(f"{'spec':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
-    failed = 0
-    for s, r in results:
-        status = "ok" if r["error"] is None else f"FAILED: {r['error'][:80]}"
-        failed += r["error"] is not None
-        print(f"{s.label():<44}{r['compiles']:>9}{r['present']:>9}{r['seconds']:>9.1f}  {status}")
+    lines, failed = table(results)
+    print("\n".join(lines))
     total = sum(r["compiles"] for _, r in results)
+    compile_s = sum(r["compile_seconds"] for _, r in results)
     print(
-        f"{len(results)} specs, {total} kernels compiled, {failed} failed, {time.perf_counter() - t0:.1f} s"
+        f"{plural(len(results), 'spec')}, {plural(total, 'kernel')} compiled ({compile_s:.1f} s compiling), "
+        f"{failed} failed, {time.perf_counter() - t0:.1f} s in all"
     )
     if unreplayable:
         print(f"{unreplayable} entries carry no spec (compiled by training calls) and were not replayed")

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from fa4cache.masks.document import make_document_mask
-from fa4cache.masks.mask import AttentionMask, as_int_tensor
+from fa4cache.masks.mask import AttentionMask, as_int_tensor, check_length
 
 
 class DocumentMaskBuilder:
@@ -43,10 +43,12 @@ class DocumentMaskBuilder:
     ) -> None:
         import torch
 
-        if not isinstance(seqlen, int) or seqlen <= 0:
-            raise ValueError(f"seqlen: expected a positive int, got {seqlen!r}")
-        if not isinstance(max_documents, int) or max_documents <= 0:
-            raise ValueError(f"max_documents: expected a positive int, got {max_documents!r}")
+        seqlen = check_length(seqlen, "seqlen")
+        max_documents = check_length(max_documents, "max_documents")
+        if seqlen is None or max_documents is None:
+            raise TypeError(
+                f"seqlen, max_documents: expected positive ints, got {seqlen!r}, {max_documents!r}"
+            )
         if buffers < 1:
             raise ValueError(f"buffers: expected at least 1, got {buffers}")
         self.seqlen = seqlen
@@ -61,6 +63,12 @@ class DocumentMaskBuilder:
         }
         self.device = torch.device(device)
         self.use_graphs = self.device.type == "cuda"
+        if self.use_graphs and not torch.cuda.is_available():
+            raise ValueError(
+                f"device: DocumentMaskBuilder replays a CUDA graph on {self.device}, but no CUDA GPU is "
+                "visible here; pass device='cpu' for the same masks without graphs (or call "
+                "make_document_mask)"
+            )
         self._slots: list[dict[str, Any]] = [{} for _ in range(buffers)]
         self._next = 0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fa4cache.masks.builtins import interval_mask, interval_masking_enabled
-from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, check_int32, pad_rows
+from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, check_int32, check_length, pad_rows
 
 
 def _doc_bounds_from_cu(cu: Any, T: int) -> tuple[Any, Any, Any]:
@@ -84,6 +84,7 @@ def make_document_mask(
     """
     import torch
 
+    seqlen = check_length(seqlen, "seqlen")
     if (cu_seqlens is None) == (document_ids is None):
         raise ValueError("make_document_mask: give exactly one of cu_seqlens or document_ids")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
@@ -166,6 +167,17 @@ def make_document_mask(
                 at = doc_starts.clamp(max=batch * total - 1)
                 local = doc.reshape(-1)[at].clamp(max=p.shape[1] - 1)
                 doc_prefix = p[at // total, local].to(torch.int32)
+            if validate:
+                # A prefix past its document's end is almost always misaligned per-document
+                # data (another batch's lengths, a shifted row): say so rather than clamp.
+                bad = (plen > end - start).nonzero()
+                if bad.numel():
+                    b, t = (int(x) for x in bad[0])
+                    row = f" of row {b}" if batch > 1 else ""
+                    raise ValueError(
+                        f"prefix_lengths: {int(plen[b, t])} for document {int(doc[b, t])}{row}, which has "
+                        f"{int(end[b, t] - start[b, t])} tokens (a prefix is at most its document's length)"
+                    )
             pend = torch.minimum(start + plen, end)
             in_prefix = m < pend
             lo = torch.where(in_prefix, start, lo)

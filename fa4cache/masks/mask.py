@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,22 @@ class AttentionMask(Mapping[str, Any]):
         ):
             return mask
         return None
+
+    def __repr__(self) -> str:
+        # Shapes, not contents: a mask's tensors are as long as the batch.
+        def shape(t: Any) -> str:
+            return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" if hasattr(t, "shape") else repr(t)
+
+        def tiles(bs: Any) -> str:
+            return "None" if bs is None else str(tuple(bs.block_size))
+
+        varlen = "" if self.varlen is None else f", varlen={len(self.varlen.calls)} call(s)"
+        return (
+            f"AttentionMask(name={self.name!r}, batch={self.batch}, seqlen={self.seqlen}, "
+            f"aux_tensors=[{', '.join(shape(t) for t in self.aux_tensors)}], "
+            f"sparse_tile={tiles(self.block_sparse_tensors)}, "
+            f"bwd_sparse_tile={tiles(self.block_sparse_tensors_bwd)}{varlen})"
+        )
 
     def for_head_dim(self, head_dim: int) -> AttentionMask:
         """This mask with its block-sparse metadata on the tiles FA4 uses for ``head_dim``
@@ -134,7 +151,12 @@ class AttentionMask(Mapping[str, Any]):
         return ((n >= lo_) & (n < hi_)).any(1)
 
     def check(self, q: Any) -> None:
-        """Raise ``ValueError`` if this mask does not fit ``q`` (``[B, T, H, D]``)."""
+        """Raise ``ValueError`` if this mask does not fit ``q`` (``[B, T, H, D]``), ``TypeError``
+        if ``q`` is not a tensor."""
+        if not hasattr(q, "dim") or not hasattr(q, "shape") or not hasattr(q, "device"):
+            raise TypeError(
+                f"q: expected a torch.Tensor [batch, seqlen, heads, head_dim], got {type(q).__name__}"
+            )
         if q.dim() != 4:
             raise ValueError(f"q: expected [batch, seqlen, heads, head_dim], got shape {tuple(q.shape)}")
         if q.shape[0] != self.batch or q.shape[1] != self.seqlen:
@@ -160,6 +182,22 @@ def as_int_tensor(x: Any, name: str, device: Any = None) -> Any:
     if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected an integer dtype, got {x.dtype}")
     return x
+
+
+def check_length(value: Any, name: str) -> int | None:
+    """``value`` as a positive int (None stays None): ``TypeError`` naming ``name`` for a
+    non-integer (``'512'``, ``512.0``), ``ValueError`` for zero or a negative length."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got bool {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {n}")
+    return n
 
 
 def check_int32(x: Any, name: str) -> None:

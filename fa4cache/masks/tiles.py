@@ -31,6 +31,8 @@ from typing import Any
 from fa4cache.arch import resolved_arch
 
 DEFAULT_MASK_ARCH = 90
+# FA4 4.0.0b36's largest head dim (q/k), on every arch.
+MAX_HEAD_DIM = 256
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ def head_dim_tiles(arch: int, head_dim: int) -> tuple[tuple[int, int], tuple[int
     """
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim: FA4 supports head dims 1 to {MAX_HEAD_DIM}, got {head_dim}")
     if arch // 10 != 9 or head_dim <= 128:
         return None
     key = 96 if head_dim <= 192 else 64

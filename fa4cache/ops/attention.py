@@ -47,8 +47,6 @@ def attention(
     2), in FA4's kernels. ``dense=True`` forces the block-sparse dense path (for
     comparison). Returns ``[B, T, Hq, Dv]``.
     """
-    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
-
     if not isinstance(mask, AttentionMask):
         raise ValueError(
             f"mask: expected an AttentionMask (make_document_mask, ...), got {type(mask).__name__}"
@@ -58,6 +56,24 @@ def attention(
     if softcap is not None and softcap != 0 and not positive_number(softcap):
         raise ValueError(f"softcap: expected a positive number (0 or None: no softcapping), got {softcap!r}")
     softcap = float(softcap or 0.0)  # FA4's convention: 0 for none
+    try:
+        return _dispatch(q, k, v, mask, softmax_scale, softcap, dense)
+    except AssertionError as e:
+        # FA4 asserts its inputs are CUDA tensors; the bare assertion names neither the
+        # tensor nor the fix. (Checked after the fact: tests run a CPU model of FA4 here.)
+        if q.device.type != "cuda":
+            raise ValueError(
+                f"q: fa4cache.attention runs FA4's kernels, which need CUDA tensors; q, k and v are on "
+                f"{q.device} (move them and the mask to a GPU, e.g. q.cuda())"
+            ) from e
+        raise
+
+
+def _dispatch(
+    q: Any, k: Any, v: Any, mask: AttentionMask, softmax_scale: float | None, softcap: float, dense: bool
+) -> Any:
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
     k, v = _kv_for_backward(q, k, v)
     if mask.varlen is None or dense:
         fitted = mask.for_head_dim(int(q.shape[-1]))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fa4cache.store.paths import EntryInfo, EntryRef
+from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef
 
 from .locks import release
 from .secure_io import NotRegularFile, clean_stale_tmp, only_me, read_checked, unlink_quiet
@@ -28,14 +28,19 @@ class Report:
     removed: list[EntryInfo] = field(default_factory=list)
     skipped: list[EntryRef] = field(default_factory=list)  # key held by another process
     failed: list[tuple[EntryRef, str]] = field(default_factory=list)  # could not delete
+    removed_toolchains: list[str] = field(default_factory=list)  # empty toolchain directories
 
     @property
     def freed_bytes(self) -> int:
         return sum(e.size for e in self.removed)
 
 
-def _remove(store: Store, info: EntryInfo, report: Report) -> None:
-    """Delete one entry under its key lock (never waits: a held key is being published)."""
+def _remove(store: Store, info: EntryInfo, report: Report, dry_run: bool = False) -> None:
+    """Delete one entry under its key lock (never waits: a held key is being published);
+    ``dry_run``: only report it."""
+    if dry_run:
+        report.removed.append(info)
+        return
     ref = info.ref
     try:
         lk = store.locks.try_lock(ref.digest)
@@ -91,10 +96,11 @@ def prune(
     max_size: int | None = None,
     older_than: float | None = None,
     stale_after: float | None = None,
+    dry_run: bool = False,
 ) -> Report:
-    """Evict entries of stale toolchains (``stale_after``: unused for that long), entries
-    unused for ``older_than`` seconds, then least recently used ones until the store fits
-    ``max_size`` bytes."""
+    """Evict entries of stale toolchains (``stale_after``: unused for that long) and their
+    directories once empty, entries unused for ``older_than`` seconds, then least recently
+    used ones until the store fits ``max_size`` bytes. ``dry_run``: report what would go."""
     report = Report()
     entries = list(store.layout.iter_entries())
     now = time.time()
@@ -105,7 +111,7 @@ def prune(
     kept = []
     for e in entries:
         if e.ref.toolchain in stale or (older_than is not None and now - uses[e.ref] > older_than):
-            _remove(store, e, report)
+            _remove(store, e, report, dry_run)
         else:
             kept.append(e)
     if max_size is not None:
@@ -116,14 +122,44 @@ def prune(
             if total <= max_size:
                 break
             n = len(report.removed)
-            _remove(store, e, report)
+            _remove(store, e, report, dry_run)
             if len(report.removed) > n:
                 total -= e.size
+    if dry_run:
+        report.removed_toolchains = [tc for tc in sorted(stale) if _empty_after(store, tc, report)]
+        return report
     store.counters.add("evictions", len(report.removed))
+    for tc in sorted(stale):
+        if _remove_empty_toolchain(store, tc):
+            report.removed_toolchains.append(tc)
     for tc in store.layout.toolchains():
         for k in store.layout.kinds(tc):
             clean_stale_tmp(store.layout.toolchain_dir(tc) / k)
     return report
+
+
+def _empty_after(store: Store, tc: str, report: Report) -> bool:
+    gone = {e.ref for e in report.removed}
+    return all(e.ref in gone for e in store.layout.iter_entries(toolchain=tc))
+
+
+def _remove_empty_toolchain(store: Store, tc: str) -> bool:
+    """Remove a stale toolchain's directory if no entry is left in it (a held entry keeps
+    it). Only empty kind directories and the toolchain record go; ``rmdir`` refuses
+    anything a concurrent publish has just put there."""
+    lay = store.layout
+    if lay.has_entries(tc):
+        return False
+    tdir = lay.toolchain_dir(tc)
+    try:
+        for k in lay.kinds(tc):
+            clean_stale_tmp(tdir / k)
+            os.rmdir(tdir / k)
+        unlink_quiet(tdir / TOOLCHAIN_FILE)
+        os.rmdir(tdir)
+    except OSError:
+        return False
+    return True
 
 
 def enforce_cap(store: Store, cap: int) -> None:
@@ -131,13 +167,14 @@ def enforce_cap(store: Store, cap: int) -> None:
         prune(store, max_size=cap)
 
 
-def clear(store: Store, *, everything: bool = False) -> Report:
+def clear(store: Store, *, everything: bool = False, dry_run: bool = False) -> Report:
     """Remove every entry whose key is not held (a held key is being compiled: skipped
-    and reported, not waited for). ``everything`` also drops counters and quarantine."""
+    and reported, not waited for). ``everything`` also drops counters and quarantine.
+    ``dry_run``: report what would go."""
     report = Report()
     for e in list(store.layout.iter_entries()):
-        _remove(store, e, report)
-    if everything:
+        _remove(store, e, report, dry_run)
+    if everything and not dry_run:
         for d in (store.layout.quarantine_dir, store.layout.stats_dir):
             if not store.layout.own_dir(d):
                 continue

@@ -176,7 +176,15 @@ class Layout:
             return None
         return st.st_mtime if stat.S_ISREG(st.st_mode) else None
 
+    def has_entries(self, toolchain: str) -> bool:
+        return next(iter(self.iter_entries(toolchain=toolchain)), None) is not None
+
     def most_recent_toolchain(self) -> str | None:
-        """The toolchain whose use was recorded last: the one the CLI calls current."""
+        """The toolchain the CLI calls current (``doctor``, ``stats``, ``prune``): the most
+        recently used one that holds kernels; else, in a store with none, the most recently
+        used one. A process that recorded a toolchain and compiled nothing (a failed or
+        arch-less start) does not displace the kernels jobs actually load."""
         used = [(t, tc) for tc in self.toolchains() if (t := self.toolchain_last_used(tc)) is not None]
-        return max(used)[1] if used else None
+        with_kernels = [u for u in used if self.has_entries(u[1])]
+        pick = with_kernels or used
+        return max(pick)[1] if pick else None

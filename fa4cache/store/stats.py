@@ -36,6 +36,14 @@ def _quarantined(layout: Layout) -> int:
         return 0
 
 
+def _number(field: str, value: Any) -> Any:
+    """Seconds as floats (ms precision), everything else counted as an int: counters
+    aggregate as floats, JSON readers expect ``3``, not ``3.0``."""
+    if field.endswith("_seconds"):
+        return round(float(value), 3)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | None = None) -> dict[str, Any]:
     """Totals for a store directory without creating it or importing FA4.
 
@@ -90,10 +98,7 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "by_kind": {
             k: {
                 **ent["by_kind"].get(k, {"entries": 0, "bytes": 0}),
-                **{
-                    f: (round(v, 3) if isinstance(v, float) else v)
-                    for f, v in by_kind_counts.get(k, {}).items()
-                },
+                **{f: _number(f, v) for f, v in by_kind_counts.get(k, {}).items()},
             }
             for k in kinds
         },
@@ -101,8 +106,7 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
             tc: {**v, "current": tc == current_toolchain} for tc, v in sorted(ent["by_toolchain"].items())
         },
         "by_host": {
-            h: {f: (round(x, 3) if isinstance(x, float) else x) for f, x in v["counters"].items()}
-            for h, v in sorted(agg["by_host"].items())
+            h: {f: _number(f, x) for f, x in v["counters"].items()} for h, v in sorted(agg["by_host"].items())
         },
     }
 

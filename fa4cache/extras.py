@@ -1,0 +1,49 @@
+"""Which optional dependency (``pip install fa4cache[...]``) a feature needs, said once.
+
+``import fa4cache`` and the CLI need only ``filelock``; kernels need the ``[fa4]`` extra
+(torch, flash-attn-4, the CuTe DSL). A feature calls :func:`require` before its first
+heavy import, so a missing package is an error naming the extra to install instead of a
+bare ``No module named 'torch'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from fa4cache.errors import FA4NotAvailable
+
+# Top-level module -> (distribution, extra that installs it).
+PROVIDED_BY = {
+    "torch": ("torch", "fa4"),
+    "flash_attn": ("flash-attn-4", "fa4"),
+    "cutlass": ("nvidia-cutlass-dsl", "fa4"),
+    "triton": ("triton", "fa4"),
+    "transformers": ("transformers", "transformers"),
+    "ray": ("ray", "ray"),
+}
+
+
+def missing(*modules: str) -> list[str]:
+    """The top-level ``modules`` that cannot be imported here (without importing them)."""
+    out = []
+    for m in modules:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(m)
+    return out
+
+
+def require(feature: str, *modules: str) -> None:
+    """:class:`FA4NotAvailable` naming the ``pip install`` line when one of ``modules`` is missing."""
+    absent = missing(*modules)
+    if not absent:
+        return
+    extras = sorted({PROVIDED_BY.get(m, (m, "fa4"))[1] for m in absent})
+    dists = ", ".join(PROVIDED_BY.get(m, (m, ""))[0] for m in absent)
+    raise FA4NotAvailable(
+        f"{feature} needs {dists}, which {'is' if len(absent) == 1 else 'are'} not installed: "
+        f"pip install 'fa4cache[{','.join(extras)}]'"
+    )
