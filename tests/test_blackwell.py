@@ -45,6 +45,7 @@ print("RESULT", json.dumps({"fwd": m.block_sparse_tensors.block_size, "bwd": m.b
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("arch", "fwd", "bwd"),
     [
@@ -142,6 +143,7 @@ def test_another_sm_count_is_another_toolchain(tmp_path: Path) -> None:
     assert counts == [120, 148]
 
 
+@pytest.mark.slow
 def test_interval_masking_patches_hopper_only() -> None:
     # The R2P patch replaces the Hopper AttentionMask.apply_mask only; Blackwell's mask
     # code is FA4's own (not verified on hardware here, so not patched).

@@ -98,6 +98,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [42, 7])
 def test_triton_kernels_match_the_torch_path(seed: int) -> None:
     pytest.importorskip("triton")

@@ -206,6 +206,7 @@ def test_cli_imports_no_heavy_modules(tmp_path: Path) -> None:
     assert p.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 def test_doctor_reports(tmp_path: Path) -> None:
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)

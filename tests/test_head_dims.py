@@ -22,6 +22,7 @@ from .conftest import run_cli
 SEED = int(os.environ["FA4CACHE_FUZZ_SEED"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", range(2))
 def test_refitted_lists_match_brute_force(shard: int) -> None:
     from tests.test_gpu_fuzz import build_mask, check_block_lists, draw_case

@@ -242,6 +242,7 @@ def test_mask_is_a_mapping_for_flash_attn_func() -> None:
     assert kw["aux_tensors"][0].dtype == torch.int32 and kw["aux_tensors"][0].is_contiguous()
 
 
+@pytest.mark.slow
 def test_hashes_stable_across_processes_and_seeds(tmp_path: Any) -> None:
     a = run_worker(tmp_path, "hashes", PYTHONHASHSEED="1")
     b = run_worker(tmp_path, "hashes", PYTHONHASHSEED="777")
@@ -331,6 +332,7 @@ def _singlecall_pairs(mask: Any) -> Any:
     return torch.stack([keep[b * T : (b + 1) * T, b * T : (b + 1) * T] for b in range(B)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_varlen_layout_is_the_same_mask(seed: int) -> None:
     # fa4cache.attention runs document masks as FA4 varlen calls: over random packings
@@ -356,6 +358,7 @@ def test_varlen_layout_is_the_same_mask(seed: int) -> None:
         checked += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_windowed_prefix_lm_on_varlen(seed: int) -> None:
     # Prefix-LM with a window (the fuzz draws none): prefixes of 0, inside and equal to the
@@ -384,6 +387,7 @@ def test_varlen_needs_a_document_bound_without_validation() -> None:
         make_document_mask(document_ids=ids, max_documents=0)
 
 
+@pytest.mark.slow
 def test_attention_under_torch_compile_runs_between_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     # fa4cache.attention inside a compiled function: FA4's Python interface is not
     # traceable, so the call runs eagerly between two graphs (one graph break) and the

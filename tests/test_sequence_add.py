@@ -90,6 +90,7 @@ def brute(dst, src, cu, used):  # type: ignore[no-untyped-def]
 BASE_SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0, 1])
 def test_triton_kernel_adds_exactly_the_sequence_rows(offset: int) -> None:
     pytest.importorskip("triton")

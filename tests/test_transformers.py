@@ -127,6 +127,7 @@ def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form:
     assert calls["masks"] == 1, calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "form"),
     [("qwen3", "position_ids"), ("qwen3", "cu_seq_lens"), ("mistral-sliding", "position_ids")],
@@ -171,6 +172,7 @@ def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, name: str, for
     assert calls["masks"] == 6, calls  # one per step and model, shared by the backward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 2])
 def test_packed_gradients_match_each_document_alone(adapter: Any, batch: int) -> None:
     # The backward through the custom op (GQA: dK/dV summed over the group; batch 2: the
@@ -397,6 +399,7 @@ def test_warm_from_a_model_config_covers_what_the_adapter_compiles(tmp_path: Any
     assert compiles == 0 and hits >= 2, (compiles, hits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-gqa", "qwen3", "mistral-sliding"])
 def test_unpacked_batches_match_sdpa(adapter: Any, name: str) -> None:
     # A plain batch (no packing, no mask): each row is one document.
@@ -408,6 +411,7 @@ def test_unpacked_batches_match_sdpa(adapter: Any, name: str) -> None:
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_softcapped_packed_batch_takes_the_fa4_path_and_keeps_documents_apart(
     adapter: Any, caplog: Any
 ) -> None:
@@ -484,6 +488,7 @@ def _family_configs() -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(_family_configs()))
 def test_other_model_families_pack_like_each_document_alone(adapter: Any, name: str) -> None:
     # Beyond the four the issue names: other attention layouts (q/k norms, partial rotary,

@@ -44,6 +44,7 @@ def _totals(d: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------- SIGKILL
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_of_store_writes(
     doc_store: dict[str, Any], tmp_path: Path, record: Any
 ) -> None:
@@ -362,6 +363,7 @@ def test_entries_owned_by_others_or_symlinked_are_refused(
     record("symlinked kind directory", "v2/<tc>/fwd -> elsewhere", "refused (directory-chain check)")
 
 
+@pytest.mark.slow
 def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path, record: Any) -> None:
     if os.getuid() != 0:
         pytest.skip("a base store owned by another user needs root to set up")
