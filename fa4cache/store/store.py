@@ -110,6 +110,16 @@ class Store:
         """Hold the key's lock, waiting for another holder (most likely compiling this
         very kernel) up to the lock timeout. None when no lock can be had: read-only
         store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
+        lk = self._acquire_local(digest, timeout=timeout)
+        lease = getattr(self.remote, "acquire", None)
+        if lk is None or lease is None:
+            return lk
+        # The node's lock is held: other processes here wait on it. Now the cluster-wide
+        # lease (or a wait for the node that holds it); True means this process compiles.
+        wait = self.settings.lock_timeout if timeout is None else timeout
+        return _LeasedLock(lk, self.remote, digest) if lease(digest, wait) else lk
+
+    def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
         if not self.writable:
             return None
         try:
@@ -279,6 +289,9 @@ class Store:
             self._publish_failed(e)
             return False
         self._write_use(ref, time.time(), hit=False)
+        announce = getattr(self.remote, "announce", None)
+        if announce is not None:
+            announce(ref)  # this node now holds a copy it can serve
         return True
 
     def publish_bytes(self, ref: EntryRef, data: bytes, **facts: Any) -> bool:
@@ -301,3 +314,16 @@ class Store:
         self._warn_once(
             "publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only"
         )
+
+
+class _LeasedLock:
+    """A key's node lock plus its cluster lease: releasing it (``locks.release``) ends both."""
+
+    def __init__(self, lock: Any, remote: Any, digest: str) -> None:
+        self.lock, self.remote, self.digest = lock, remote, digest
+
+    def release(self, force: bool = False) -> None:
+        try:
+            self.lock.release(force=force)
+        finally:
+            self.remote.release(self.digest)
