@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fa4cache.hashing import encode_key, key_digest
+from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
 
@@ -126,6 +127,7 @@ class StoreCompileCache:
             release(lock)
             return True
         store.counters.add("misses")
+        nearmiss.report(store, ref, encoded)  # "shipped but never hit": which key fields differ
         self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
         _remember_pending(self, key)
         return False

@@ -278,6 +278,19 @@ def test_registry_killed_mid_run_means_local_compiles_and_no_failure(cluster: An
         assert sum("registry unreachable" in w for w in o["warnings"]) == 1, o["warnings"]  # once
 
 
+def test_a_bundle_in_the_runtime_env_fills_every_node(cluster: Any, tmp_path: Path) -> None:
+    from fa4cache.store.bundle import export_bundle
+    from tests.test_bundle import _fill
+
+    assert _fill(tmp_path / "made", [41, 42]) == 2 * len(KINDS)
+    bundle = tmp_path / "kernels.fa4b"
+    export_bundle(tmp_path / "made", bundle)
+    ray = _connect(cluster, tmp_path, FA4CACHE_BUNDLE=str(bundle))
+    out = ray.get([w.run.remote([41, 42]) for w in _workers(ray, _nodes(ray)[:2])], timeout=120)
+    for o in out:  # imported by the worker setup hook: loaded from the node's own store
+        assert o["compiles"] == 0 and o["remote_hits"] == 0 and o["disk_hits"] == 2 * len(KINDS), o
+
+
 def test_node_killed_mid_compile_costs_at_most_one_extra_compile(cluster: Any, tmp_path: Path) -> None:
     from fa4cache.ray_integration.cluster import registry_info
 

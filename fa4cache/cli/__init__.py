@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import Fa4CacheError
+from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
 from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
 from .warm import cmd_warm
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("doctor", help="check versions, GPU, directory, filesystem, locks")
     s.set_defaults(func=cmd_doctor)
+    add_bundle_parser(sub)
     return p
 
 
