@@ -188,7 +188,7 @@ def test_a_near_miss_says_which_key_fields_or_toolchain_differ(
 ) -> None:
     from fa4cache.store import nearmiss
 
-    nearmiss._warned_kinds.clear()
+    nearmiss._seen_kinds.clear()
     store = Store(cache_dir=tmp_path / "a")
     fa = FakeFA4(store, "fwd")
     fa.call(7, 0)
@@ -208,7 +208,7 @@ def test_a_near_miss_says_which_key_fields_or_toolchain_differ(
     assert 9 not in old
     old[9] = FakeCompiled(9)
     caplog.clear()
-    nearmiss._warned_kinds.clear()
+    nearmiss._seen_kinds.clear()
     new = StoreCompileCache("bwd", installation(store))
     with caplog.at_level(logging.WARNING, logger="fa4cache"):
         assert 9 not in new

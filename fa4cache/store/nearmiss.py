@@ -3,8 +3,9 @@
 The "shipped a bundle, never hit" complaint: a store (or base, or imported bundle) full of
 kernels that a job never loads, because one key field or the toolchain differs. Sidecars hold
 each entry's key as JSON; on a miss the key asked for is compared with the stored keys of
-its kind, and the differences of the closest one are logged: a warning the first time per
-kind in a process, then at INFO level.
+its kind, and the differences of the closest one are logged. A warning when this is the
+process's first lookup of that kind and it missed (a node whose shipped kernels do not fit);
+at INFO level otherwise (a new shape in a running job is no news).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 MAX_SCAN = 2000  # sidecars read per miss at most (a miss is followed by a compile of seconds)
 MAX_FIELDS = 6
-_warned_kinds: set[str] = set()
+_seen_kinds: set[str] = set()  # kinds that missed (or hit) in this process already
 
 
 def flat(x: Any, path: str = "") -> dict[str, Any]:
@@ -133,17 +134,14 @@ def explain(store: Any, ref: EntryRef, encoded: str) -> str | None:
 
 
 def report(store: Any, ref: EntryRef, encoded: str) -> None:
-    """Log :func:`explain` for a miss: a warning once per kind in a process, then INFO.
-    Never raises: it runs on the compile path."""
+    """Log :func:`explain` for a miss (see the module docstring). Never raises: it runs on
+    the compile path."""
+    first = ref.kind not in _seen_kinds and not store.counters.by_kind.get(ref.kind, {}).get("disk_hits")
+    _seen_kinds.add(ref.kind)
     try:
         why = explain(store, ref, encoded)
     except Exception as e:  # a diagnostic must never cost the compile
         log.debug("fa4cache: could not explain a miss: %s", e)
         return
-    if why is None:
-        return
-    if ref.kind in _warned_kinds:
-        log.info("fa4cache: %s", why)
-    else:
-        _warned_kinds.add(ref.kind)
-        log.warning("fa4cache: %s", why)
+    if why is not None:
+        log.log(logging.WARNING if first else logging.INFO, "fa4cache: %s", why)
