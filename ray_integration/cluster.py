@@ -231,7 +231,7 @@ class ClusterTier:
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
         self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _connect may _fail while holding it
         self._registry: Any = None
         self._server: Any = None
         self._server_name = ""

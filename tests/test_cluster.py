@@ -157,6 +157,7 @@ def test_three_cold_nodes_compile_each_kernel_once_and_a_later_node_none(
 
     info = registry_info()
     assert info is not None and info["digests"] == len(KINDS) and info["copies"] == 4 * len(KINDS), info
+    assert info["granted"] == len(KINDS) and info["handovers"] == 0, info  # one lease per kernel
     # Per-node stats: what each node fetched, and what its server sent to the others.
     stats = [collect(o["root"]) for o in [*out, late]]
     assert sum(s["remote_hits"] for s in stats) == 3 * len(KINDS)

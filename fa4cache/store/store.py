@@ -147,8 +147,10 @@ class Store:
 
     # ------------------------------------------------------------------ read path
 
-    def load(self, ref: EntryRef) -> Artifact | None:
+    def load(self, ref: EntryRef, *, remote: bool = True) -> Artifact | None:
         """Verified bytes of ``ref`` from the first tier that has them; None on a miss.
+        ``remote=False`` skips the remote tier (a caller that does not hold the key's lock yet:
+        one process per node fetches, the others then find the local copy).
 
         Only an integrity failure of a local entry (checksum, size, unparseable sidecar,
         not a regular file), confirmed under the key's lock, quarantines it. Transient
@@ -157,6 +159,8 @@ class Store:
         locally (verified again) before they are returned.
         """
         for tier in self.tiers:
+            if tier is self.remote and not remote:
+                continue
             art = tier.get(ref)
             if art is None:
                 continue
