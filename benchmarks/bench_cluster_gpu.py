@@ -125,6 +125,7 @@ class Trainer:
         with kernel 0 into another store, untimed: a training process has paid them already."""
         import dataclasses
 
+        import ray
         from fa4cache.adapters.artifacts import load_callable
 
         from fa4cache.store.installed import installed_store
@@ -136,6 +137,7 @@ class Trainer:
         def fresh() -> Store:
             st = Store(dataclasses.replace(s.settings, cache_dir=Path(tempfile.mkdtemp(prefix="fa4fresh-"))))
             assert st.remote is not None and st.remote._connect() is not None, "no cluster tier"
+            ray.get(st.remote._server.inventory.remote(), timeout=60)  # its node server is up
             return st
 
         if not os.environ.get("FA4CACHE_BENCH_CPU_SMOKE"):

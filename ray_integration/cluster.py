@@ -113,9 +113,12 @@ class Registry:
         return len(digests)
 
     # -- leases -------------------------------------------------------------------
-    async def lease(self, digest: str, owner: str, node: str, ttl: float) -> tuple[str, str]:
-        """``granted`` (compile it), ``held`` (fetch it: a live node has it) or ``busy``."""
-        if self._live_holders(digest):
+    async def lease(
+        self, digest: str, owner: str, node: str, ttl: float, server: str = ""
+    ) -> tuple[str, str]:
+        """``granted`` (compile it), ``held`` (fetch it: another live holder has it) or ``busy``.
+        The asker's own server does not count: if it is listed, its copy is gone (pruned)."""
+        if [h for h in self._live_holders(digest) if h[0] != server]:
             return self.epoch, "held"
         cur = self.leases.get(digest)
         if cur is not None and cur[0] != owner:
@@ -389,7 +392,7 @@ class ClusterTier:
         while True:
             try:
                 epoch, status = self._get(
-                    reg.lease.remote(digest, self.owner, self._node, self.lease_seconds)
+                    reg.lease.remote(digest, self.owner, self._node, self.lease_seconds, self._server_name)
                 )
             except Exception as e:
                 self._fail(e)

@@ -359,7 +359,10 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
                 if local is not None:
                     present += 1
                     continue
-                lk = store.locks.try_lock(e.ref.digest)
+                try:
+                    lk = store.locks.try_lock(e.ref.digest)
+                except OSError:  # an unusable lock file: leave that key alone
+                    lk = None
                 if lk is None:
                     busy += 1  # being compiled or published here right now
                     continue
@@ -372,8 +375,8 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
                         raise BundleError(f"cannot write to {store.root} (see the warning above)")
                 finally:
                     lk.release(force=True)
-        except BundleError:
-            for ref in imported:  # the file changed under us, or the disk filled: take it all back
+        except BaseException:
+            for ref in imported:  # the file changed under us, the disk filled, ^C: take it all back
                 unlink_quiet(store.layout.sidecar_path(ref))
                 unlink_quiet(store.layout.object_path(ref))
                 unlink_quiet(store.layout.use_path(ref))
