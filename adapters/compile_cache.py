@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fa4cache.hashing import encode_key, key_digest
+from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
 
@@ -118,22 +119,23 @@ class StoreCompileCache:
         store = inst.store
         encoded = encode_key(key)
         ref = EntryRef(inst.toolchain().id, self.kind, key_digest(inst.toolchain().id, self.kind, encoded))
-        if self._try_load(key, ref):
+        if self._try_load(key, ref, remote=False):
             return True
         lock = store.acquire(ref.digest)
-        if lock is not None and self._try_load(key, ref):
-            # Another process compiled it while we waited.
+        if (lock is not None or store.remote is not None) and self._try_load(key, ref):
+            # Another process compiled it while we waited (or another node has it).
             release(lock)
             return True
         store.counters.add("misses")
+        nearmiss.report(store, ref, encoded)  # "shipped but never hit": which key fields differ
         self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
         _remember_pending(self, key)
         return False
 
-    def _try_load(self, key: Any, ref: EntryRef) -> bool:
+    def _try_load(self, key: Any, ref: EntryRef, *, remote: bool = True) -> bool:
         store = self._inst.store
         t0 = time.perf_counter()
-        art = store.load(ref)
+        art = store.load(ref, remote=remote)
         if art is None:
             return False
         try:

@@ -5,6 +5,7 @@
 #                GPU_TESTS_K=expr selects GPU tests as pytest -k does)
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
+#   PART=cluster the cluster-tier benchmark (two Ray nodes, one per GPU; issue 27)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
@@ -78,5 +79,9 @@ if has store || has ray; then
   else
     echo "ray not importable on this machine: Ray benchmark skipped" | tee -a "$out/run.log"; tail -5 "$res/ray_import.log" | tee -a "$out/run.log"
   fi
+fi
+if has cluster; then
+  # Compile once per cluster: two Ray nodes on this host, one per GPU, separate node-local stores.
+  timeout 240 python3 benchmarks/bench_cluster_gpu.py 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
 fi
 ls "$res"

@@ -88,6 +88,17 @@ def parse_uids(text: str, *, setting: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+def parse_text(text: str, *, setting: str) -> str:
+    return str(text).strip()
+
+
+def parse_class_path(text: str, *, setting: str) -> str:
+    module, _, name = str(text).strip().partition(":")
+    if not module or not name.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+        raise ConfigError(f"{setting}: expected module:Class, got {text!r}")
+    return f"{module}:{name}"
+
+
 def _parse_dir(text: str, *, setting: str) -> Path:
     return resolve_path(text, setting=setting)
 
@@ -137,14 +148,21 @@ SETTINGS: tuple[Setting, ...] = (
             "trusted (`1001,1002`): the owners of a team cache", "trusted_uids"),
     Setting("FA4CACHE_INSECURE", parse_choice("refuse", "warn"), "refuse", "`refuse` (error) or `warn` "
             "(warning, memory-only) for an unsafe store directory", "insecure_policy"),
-    Setting("FA4CACHE_REMOTE_TIER", str, None, "a remote store tier, `module:Class`, asked after the local "
+    Setting("FA4CACHE_REMOTE_TIER", parse_class_path, None, "a remote store tier, `module:Class`, asked after the local "
             "and base stores (`fa4cache.env(cluster=True)` sets the Ray cluster tier)", "remote_tier"),
+    Setting("FA4CACHE_CLUSTER_LEASE", parse_seconds, 30.0, "Ray cluster tier: seconds a compile lease "
+            "lasts unless its holder renews it (it does, every third of that, while compiling); a dead "
+            "holder's lease passes to a waiting node after at most this long"),
+    Setting("FA4CACHE_CLUSTER_TIMEOUT", parse_seconds, 10.0, "Ray cluster tier: seconds any one call to "
+            "the registry or a peer may take before this process compiles locally (one warning)"),
+    Setting("FA4CACHE_BUNDLE", parse_text, None, "a bundle file (`fa4cache bundle export`) that the Ray hook "
+            "imports into each node's store at worker start (verified; a bad bundle is refused whole)"),
     Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
-    Setting("FA4CACHE_NODE_ID", str, None, "the `{node_id}` placeholder (default: the Ray node id, "
+    Setting("FA4CACHE_NODE_ID", parse_text, None, "the `{node_id}` placeholder (default: the Ray node id, "
             "else the hostname)", job=False),
     Setting("FA4CACHE_NODE_LOCAL", parse_flag, False, "set by the Ray hook (`1`): the store is meant to "
             "be node-local; a network filesystem there gets a warning", job=False),
-    Setting("FA4CACHE_CHAINED_SETUP_HOOK", str, None, "set by the Ray hook: your own "
+    Setting("FA4CACHE_CHAINED_SETUP_HOOK", parse_text, None, "set by the Ray hook: your own "
             "`worker_process_setup_hook` (`module.function`), run after fa4cache's", job=False),
     Setting("FA4CACHE_INTERVAL_MASKING", parse_flag, True, "`0`: built-in masks use FA4's per-score "
             "`mask_mod` path for partial tiles instead of per-row R2P masks (slower; for comparison)"),

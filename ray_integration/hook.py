@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
@@ -47,12 +48,35 @@ def setup() -> None:
     # Workers and the driver resolve placeholders the same way; export the resolved path
     # so subprocesses of this worker (compile pools) use the same directory.
     os.environ[ENV_DIR] = str(store.root)
+    bundle = setting("FA4CACHE_BUNDLE")
+    if bundle:
+        _import_bundle(store, bundle)
     chained = os.environ.get(ENV_CHAINED_HOOK)
     if chained:
         mod, _, fn = chained.rpartition(".")
         if not mod:
             raise ConfigError(f"{ENV_CHAINED_HOOK}: expected 'module.function', got {chained!r}")
         getattr(importlib.import_module(mod), fn)()
+
+
+def _import_bundle(store: Any, path: str) -> None:
+    """Fill the node's store from a bundle file (every worker tries; entries already there are
+    skipped). A bad bundle is refused whole, with a warning: kernels then compile as usual."""
+    import dataclasses
+
+    from fa4cache.errors import Fa4CacheError
+    from fa4cache.store.bundle import import_bundle
+    from fa4cache.store.store import Store
+
+    try:
+        # Without the cluster tier: no actor may be created inside a setup hook (Ray aborts the
+        # worker). The node's server announces what was imported when the tier first connects.
+        r = import_bundle(Store(dataclasses.replace(store.settings, remote_tier=None)), Path(path))
+    except (Fa4CacheError, OSError) as e:
+        log.warning("fa4cache: FA4CACHE_BUNDLE=%s not imported: %s", path, e)
+        return
+    if r.imported:
+        log.info("fa4cache: imported %d kernels from %s into %s", r.imported, path, store.root)
 
 
 class ChainedHook:

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
+from fa4cache.settings import BY_NAME, ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
 
 from .hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
 HOOK = "fa4cache.ray_integration.hook.setup"
+CLUSTER_TIER = "fa4cache.ray_integration.cluster:ClusterTier"
 
 
 def _check_dir(raw: str, setting: str) -> None:
@@ -36,6 +37,7 @@ def env(
     node_local: bool = True,
     runtime_env: dict[str, Any] | None = None,
     prefer_user_env: bool = False,
+    cluster: bool = False,
     **store_options: Any,
 ) -> dict[str, Any]:
     """A Ray ``runtime_env`` that makes every worker use the fa4cache store.
@@ -45,7 +47,9 @@ def env(
     directory (``$FA4CACHE_DIR`` if set in the driver, else ``/var/tmp/fa4cache-{user}``).
     ``runtime_env`` is merged, not replaced: its ``env_vars`` are kept (on a name
     clash fa4cache's value wins unless ``prefer_user_env``), and its own
-    ``worker_process_setup_hook`` still runs, after fa4cache's.
+    ``worker_process_setup_hook`` still runs, after fa4cache's. With ``cluster=True`` a
+    node's miss asks the other nodes first and each kernel compiles once per cluster
+    (:mod:`fa4cache.ray_integration.cluster`).
 
     Example::
 
@@ -63,6 +67,8 @@ def env(
         ours[ENV_DIR] = raw
     if node_local:
         ours[ENV_NODE_LOCAL] = "1"
+    if cluster:
+        ours[BY_NAME["FA4CACHE_REMOTE_TIER"].name] = CLUSTER_TIER
 
     merged: dict[str, Any] = dict(runtime_env or {})
     user_env = dict(merged.get("env_vars") or {})

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
+from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
 from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
 from .warm import cmd_warm
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check versions, GPU, directory, filesystem, locks (exit 1 when a check fails)"
     )
     s.set_defaults(func=cmd_doctor)
+    add_bundle_parser(sub)
     return p
 
 

@@ -61,6 +61,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"{st['lock_waits']}  ({st['lock_wait_seconds']:.1f} s, {st['lock_timeouts']} timed out)",
         ),
         ("Evictions", str(st["evictions"])),
+        (
+            "Cluster",
+            f"{st['remote_hits']} fetched ({st['remote_seconds']:.2f} s), {st['served']} served to other nodes",
+        ),
         ("Processes", str(st["processes"])),
     ]
     w = max(len(k) for k, _ in rows)

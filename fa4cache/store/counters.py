@@ -46,6 +46,11 @@ FIELDS = (
     "publish_errors",
     "evictions",
     "load_errors",
+    # Cluster tier (fa4cache.ray_integration.cluster): kernels fetched from another node,
+    # the seconds those fetches took, and kernels this node's server sent to others.
+    "remote_hits",
+    "remote_seconds",
+    "served",
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"

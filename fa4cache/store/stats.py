@@ -94,6 +94,9 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "lock_wait_seconds": round(c["lock_wait_seconds"], 3),
         "lock_timeouts": int(c["lock_timeouts"]),
         "evictions": int(c["evictions"]),
+        "remote_hits": int(c["remote_hits"]),
+        "remote_seconds": round(c["remote_seconds"], 3),
+        "served": int(c["served"]),
         "processes": agg.get("processes", 0),
         "by_kind": {
             k: {

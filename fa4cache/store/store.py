@@ -110,6 +110,16 @@ class Store:
         """Hold the key's lock, waiting for another holder (most likely compiling this
         very kernel) up to the lock timeout. None when no lock can be had: read-only
         store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
+        lk = self._acquire_local(digest, timeout=timeout)
+        lease = getattr(self.remote, "acquire", None)
+        if lk is None or lease is None:
+            return lk
+        # The node's lock is held: other processes here wait on it. Now the cluster-wide
+        # lease (or a wait for the node that holds it); True means this process compiles.
+        wait = self.settings.lock_timeout if timeout is None else timeout
+        return _LeasedLock(lk, self.remote, digest) if lease(digest, wait) else lk
+
+    def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
         if not self.writable:
             return None
         try:
@@ -137,8 +147,10 @@ class Store:
 
     # ------------------------------------------------------------------ read path
 
-    def load(self, ref: EntryRef) -> Artifact | None:
+    def load(self, ref: EntryRef, *, remote: bool = True) -> Artifact | None:
         """Verified bytes of ``ref`` from the first tier that has them; None on a miss.
+        ``remote=False`` skips the remote tier (a caller that does not hold the key's lock yet:
+        one process per node fetches, the others then find the local copy).
 
         Only an integrity failure of a local entry (checksum, size, unparseable sidecar,
         not a regular file), confirmed under the key's lock, quarantines it. Transient
@@ -147,6 +159,8 @@ class Store:
         locally (verified again) before they are returned.
         """
         for tier in self.tiers:
+            if tier is self.remote and not remote:
+                continue
             art = tier.get(ref)
             if art is None:
                 continue
@@ -279,6 +293,9 @@ class Store:
             self._publish_failed(e)
             return False
         self._write_use(ref, time.time(), hit=False)
+        announce = getattr(self.remote, "announce", None)
+        if announce is not None:
+            announce(ref)  # this node now holds a copy it can serve
         return True
 
     def publish_bytes(self, ref: EntryRef, data: bytes, **facts: Any) -> bool:
@@ -301,3 +318,16 @@ class Store:
         self._warn_once(
             "publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only"
         )
+
+
+class _LeasedLock:
+    """A key's node lock plus its cluster lease: releasing it (``locks.release``) ends both."""
+
+    def __init__(self, lock: Any, remote: Any, digest: str) -> None:
+        self.lock, self.remote, self.digest = lock, remote, digest
+
+    def release(self, force: bool = False) -> None:
+        try:
+            self.lock.release(force=force)
+        finally:
+            self.remote.release(self.digest)

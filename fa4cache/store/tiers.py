@@ -12,6 +12,11 @@ verified bytes for it?" (:meth:`Tier.get`) and, for tiers that accept them, "kee
 
 Every tier hands back the same :class:`Artifact`: bytes read from one descriptor and
 checked against their sidecar, so what loads is what was verified.
+
+A remote tier may also coordinate compiles across machines; the store calls these when
+present: ``acquire(digest, wait) -> bool`` once it holds the key's node lock (True: this
+process compiles, holding a cluster lease), ``release(digest)`` with that lock, and
+``announce(ref)`` after each local publish (this node now holds a copy).
 """
 
 from __future__ import annotations

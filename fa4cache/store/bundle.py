@@ -1,0 +1,392 @@
+"""Bundles: a store's kernels in one file, for nodes that start empty.
+
+One file, read front to back::
+
+    magic "FA4CBUN1" | manifest length (u64 LE) | sha256 of the manifest (32 bytes)
+    manifest: zlib-compressed JSON
+        format, producer {user, uid, host, created, fa4cache}, toolchains {id: description},
+        blobs [{sha256, size, offset, length}]      content-addressed artifacts
+        entries [{toolchain, kind, digest, sidecar}] each sidecar names its blob by sha256
+    blobs: zlib-compressed artifacts, back to back, in manifest order; the file ends with the last
+
+Every byte is covered by a check: the manifest by its sha256, each blob by the sha256 and
+size its entries' sidecars vouch for, and the file's length by the manifest. :func:`import_bundle`
+verifies every entry before it publishes any: a tampered or truncated bundle is refused whole,
+naming the bad entry, and nothing of it is written. A bundle file is trusted like a base store:
+owned by you, root or a uid in ``FA4CACHE_TRUSTED_UIDS``, and not writable by group or others.
+"""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import hashlib
+import json
+import os
+import socket
+import stat
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from fa4cache.errors import ConfigError, Fa4CacheError, InsecurePath
+
+from .paths import TOOLCHAIN_FILE, EntryRef, Layout
+from .secure_io import CLOEXEC, NOFOLLOW, NONBLOCK, only_me, owners, problem, read_checked, unlink_quiet
+from .sidecar import MAX_ARTIFACT_BYTES, Sidecar
+from .tiers import Integrity, read_entry
+
+MAGIC = b"FA4CBUN1"
+FORMAT = 1
+_HEAD = struct.Struct("<8sQ32s")
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+_LEVEL = 6  # zlib: object files shrink ~3.5x at a few ms per MiB
+
+
+class BundleError(Fa4CacheError):
+    """A bundle that cannot be used: not a bundle, tampered, truncated, or of another format."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    ref: EntryRef
+    sidecar: Sidecar
+
+
+@dataclass(frozen=True)
+class Manifest:
+    producer: dict[str, Any]
+    toolchains: dict[str, dict[str, Any] | None]
+    entries: tuple[Entry, ...]
+    blobs: dict[str, tuple[int, int, int]]  # sha256 -> (size, offset, length)
+    data_start: int
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: Path
+    entries: int
+    artifact_bytes: int  # summed uncompressed artifact sizes
+    bundle_bytes: int
+    toolchains: tuple[str, ...]
+    skipped: tuple[str, ...] = ()  # entries that failed verification in the store
+
+    @property
+    def ratio(self) -> float:
+        return self.bundle_bytes / self.artifact_bytes if self.artifact_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    path: Path
+    entries: int
+    imported: int
+    present: int
+    busy: int
+    producer: dict[str, Any] = field(default_factory=dict)
+    toolchains: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _toolchain_description(layout: Layout, tc: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(
+            read_checked(layout.toolchain_dir(tc) / TOOLCHAIN_FILE, max_bytes=1 << 16, trusted=owners())
+        )
+    except (OSError, ValueError, InsecurePath):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def export_bundle(
+    root: Path, path: Path, *, toolchains: list[str] | None = None, trusted: frozenset[int] | None = None
+) -> ExportReport:
+    """Write the verified entries of the store at ``root`` (of ``toolchains``, default all) to
+    ``path``, atomically. Entries that fail verification are skipped and named in the report."""
+    layout = Layout(root)
+    trusted = only_me() if trusted is None else trusted
+    tcs = layout.toolchains() if toolchains is None else [t for t in toolchains if t in layout.toolchains()]
+    path = Path(path)
+    entries: list[dict[str, Any]] = []
+    blobs: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    skipped: list[str] = []
+    raw = 0
+    with tempfile.TemporaryFile(dir=path.parent or ".") as spool:
+        for tc in tcs:
+            for info in layout.iter_entries(toolchain=tc):
+                try:
+                    art = read_entry(layout, info.ref, trusted, tier="local")
+                except (FileNotFoundError, Integrity, InsecurePath, OSError) as e:
+                    skipped.append(f"{info.ref.kind} {info.ref.digest[:16]}: {e}")
+                    continue
+                side = art.sidecar
+                if side.sha256 not in seen:
+                    packed = zlib.compress(art.data, _LEVEL)
+                    seen[side.sha256] = len(blobs)
+                    blobs.append(
+                        {
+                            "sha256": side.sha256,
+                            "size": side.size,
+                            "offset": spool.tell(),
+                            "length": len(packed),
+                        }
+                    )
+                    spool.write(packed)
+                raw += side.size
+                entries.append(
+                    {
+                        "toolchain": tc,
+                        "kind": info.ref.kind,
+                        "digest": info.ref.digest,
+                        "sidecar": json.loads(side.to_bytes()),
+                    }
+                )
+        from fa4cache import __version__
+
+        manifest = {
+            "format": FORMAT,
+            "producer": {
+                "user": getpass.getuser(),
+                "uid": os.getuid() if hasattr(os, "getuid") else 0,
+                "host": socket.gethostname(),
+                "created": time.time(),
+                "fa4cache": __version__,
+            },
+            "toolchains": {
+                tc: _toolchain_description(layout, tc)
+                for tc in tcs
+                if any(e["toolchain"] == tc for e in entries)
+            },
+            "blobs": blobs,
+            "entries": entries,
+        }
+        packed_manifest = zlib.compress(json.dumps(manifest, sort_keys=True).encode(), _LEVEL)
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # readable by the nodes that import it, writable by you only
+            with os.fdopen(fd, "wb") as out:
+                out.write(_HEAD.pack(MAGIC, len(packed_manifest), hashlib.sha256(packed_manifest).digest()))
+                out.write(packed_manifest)
+                spool.seek(0)
+                while chunk := spool.read(1 << 22):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            unlink_quiet(tmp)
+            raise
+    return ExportReport(
+        path=path,
+        entries=len(entries),
+        artifact_bytes=raw,
+        bundle_bytes=path.stat().st_size,
+        toolchains=tuple(manifest["toolchains"]),
+        skipped=tuple(skipped),
+    )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def open_bundle(path: Path, trusted: frozenset[int]) -> IO[bytes]:
+    """The bundle file, opened once (no links, no FIFOs) and checked on its descriptor: a
+    regular file owned by a trusted uid and not writable by group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"bundle {path} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InsecurePath(f"bundle {path} is a symlink") from None
+        raise
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    why = None if stat.S_ISREG(st.st_mode) else f"bundle {path} is not a regular file"
+    why = why or problem(st, path, trusted=trusted, what="bundle")
+    if why:
+        f.close()
+        hint = (
+            " (if a trusted user made it, add their uid to FA4CACHE_TRUSTED_UIDS)"
+            if "owned by" in why
+            else ""
+        )
+        raise InsecurePath(why + hint)
+    return f
+
+
+def _bad(path: Path, what: str) -> BundleError:
+    return BundleError(f"bundle {path}: {what}; nothing was imported")
+
+
+def read_manifest(f: IO[bytes], path: Path) -> Manifest:
+    head = f.read(_HEAD.size)
+    if len(head) < _HEAD.size or not head.startswith(MAGIC[:4]):
+        raise _bad(path, "not an fa4cache bundle")
+    magic, mlen, msha = _HEAD.unpack(head)
+    if magic != MAGIC:
+        raise _bad(path, f"bundle format {magic!r} is not {MAGIC!r} (made by another fa4cache version?)")
+    if mlen > MAX_MANIFEST_BYTES:
+        raise _bad(path, f"manifest length {mlen} is implausible (damaged header)")
+    packed = f.read(mlen)
+    if len(packed) != mlen:
+        raise _bad(path, "truncated inside the manifest")
+    if hashlib.sha256(packed).digest() != msha:
+        raise _bad(path, "the manifest does not match its checksum (damaged or tampered)")
+    try:
+        d = zlib.decompressobj()
+        text = d.decompress(packed, MAX_MANIFEST_BYTES)
+        obj = json.loads(text)
+        return _parse_manifest(obj, _HEAD.size + mlen)
+    except (zlib.error, ValueError, TypeError, KeyError, ConfigError) as e:
+        raise _bad(path, f"malformed manifest ({e})") from None
+
+
+def _parse_manifest(obj: Any, data_start: int) -> Manifest:
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError(f"format {obj.get('format') if isinstance(obj, dict) else '?'} is not {FORMAT}")
+    blobs: dict[str, tuple[int, int, int]] = {}
+    end = 0
+    for b in obj["blobs"]:
+        size, off, length = (int(b[k]) for k in ("size", "offset", "length"))
+        if (
+            off != end
+            or length <= 0
+            or not 0 < size <= MAX_ARTIFACT_BYTES
+            or not isinstance(b["sha256"], str)
+        ):
+            raise ValueError("blob table out of order")
+        blobs[b["sha256"]] = (size, off, length)
+        end = off + length
+    entries = []
+    for e in obj["entries"]:
+        ref = EntryRef(e["toolchain"], e["kind"], e["digest"])
+        sidecar = Sidecar.parse(json.dumps(e["sidecar"]).encode(), ref)
+        if sidecar is None:
+            raise ValueError(f"{ref.kind} entry {ref.digest[:16]} has an invalid sidecar")
+        if sidecar.sha256 not in blobs or blobs[sidecar.sha256][0] != sidecar.size:
+            raise ValueError(f"{ref.kind} entry {ref.digest[:16]} names no blob of its size")
+        entries.append(Entry(ref, sidecar))
+    tcs = obj.get("toolchains") or {}
+    producer = obj.get("producer") or {}
+    if not isinstance(tcs, dict) or not isinstance(producer, dict):
+        raise ValueError("toolchains and producer must be objects")
+    return Manifest(
+        producer={k: v for k, v in producer.items() if isinstance(v, (str, int, float))},
+        toolchains={str(k): (v if isinstance(v, dict) else None) for k, v in tcs.items()},
+        entries=tuple(entries),
+        blobs=blobs,
+        data_start=data_start,
+    )
+
+
+def _blob_end(m: Manifest) -> int:
+    return m.data_start + sum(length for _, _, length in m.blobs.values())
+
+
+def iter_verified(f: IO[bytes], path: Path, m: Manifest) -> Iterator[tuple[Entry, bytes]]:
+    """Every entry with its artifact bytes, each checked against its sidecar; raises
+    :class:`BundleError` naming the first bad entry."""
+    size = os.fstat(f.fileno()).st_size
+    if size > _blob_end(m):
+        raise _bad(path, f"{size - _blob_end(m)} bytes past the last artifact (damaged or appended to)")
+    cache: dict[str, bytes] = {}
+    for e in m.entries:
+        name = f"{e.ref.kind} entry {e.ref.digest[:16]} (toolchain {e.ref.toolchain})"
+        bsize, off, length = m.blobs[e.sidecar.sha256]
+        data = cache.get(e.sidecar.sha256)
+        if data is None:
+            if m.data_start + off + length > size:
+                raise _bad(path, f"truncated: {name} ends past the end of the file")
+            packed = os.pread(f.fileno(), length, m.data_start + off)
+            try:
+                d = zlib.decompressobj()
+                data = d.decompress(packed, bsize + 1)
+                if not d.eof or d.unused_data:
+                    raise zlib.error("compressed stream does not end where the manifest says")
+            except zlib.error as err:
+                raise _bad(path, f"{name} is damaged ({err})") from None
+            if not e.sidecar.matches(data):
+                raise _bad(path, f"{name} does not match its checksum (damaged or tampered)")
+            if len(cache) < 8:  # identical kernels under several keys: verify once
+                cache[e.sidecar.sha256] = data
+        yield e, data
+
+
+def show_bundle(path: Path, trusted: frozenset[int]) -> Manifest:
+    """The manifest, after verifying every entry (nothing is written)."""
+    with open_bundle(path, trusted) as f:
+        m = read_manifest(f, path)
+        for _ in iter_verified(f, path, m):
+            pass
+    return m
+
+
+# --------------------------------------------------------------------------- import
+
+
+def import_bundle(store: Any, path: Path) -> ImportReport:
+    """Publish every entry of the bundle at ``path`` into ``store`` (a writable
+    :class:`~fa4cache.store.Store`): all verified first, then published one by one under
+    each key's lock; entries already present (verified) or being compiled are skipped.
+
+    Raises :class:`BundleError` (nothing written) or :class:`InsecurePath` (untrusted file).
+    """
+    if not store.writable:
+        raise ConfigError(f"store {store.root} is not writable; cannot import into it")
+    path = Path(path)
+    with open_bundle(path, owners(store.settings.trusted_uids)) as f:
+        m = read_manifest(f, path)
+        for _ in iter_verified(f, path, m):  # all of it, before anything is written
+            pass
+        for tc, desc in m.toolchains.items():
+            if desc is not None and any(e.ref.toolchain == tc for e in m.entries):
+                store.record_toolchain(tc, desc)
+        imported: list[EntryRef] = []
+        present = busy = 0
+        try:
+            for e, data in iter_verified(f, path, m):  # read again: what is published is what was checked
+                local = store.local.get(e.ref) if store.local is not None else None
+                if local is not None:
+                    present += 1
+                    continue
+                try:
+                    lk = store.locks.try_lock(e.ref.digest)
+                except OSError:  # an unusable lock file: leave that key alone
+                    lk = None
+                if lk is None:
+                    busy += 1  # being compiled or published here right now
+                    continue
+                try:
+                    if store.local.get(e.ref) is not None:
+                        present += 1
+                    elif store.publish_bytes(e.ref, data, **e.sidecar.facts()):
+                        imported.append(e.ref)
+                    else:
+                        raise BundleError(f"cannot write to {store.root} (see the warning above)")
+                finally:
+                    lk.release(force=True)
+        except BaseException:
+            for ref in imported:  # the file changed under us, the disk filled, ^C: take it all back
+                unlink_quiet(store.layout.sidecar_path(ref))
+                unlink_quiet(store.layout.object_path(ref))
+                unlink_quiet(store.layout.use_path(ref))
+            raise
+    return ImportReport(
+        path=path,
+        entries=len(m.entries),
+        imported=len(imported),
+        present=present,
+        busy=busy,
+        producer=m.producer,
+        toolchains=tuple(m.toolchains),
+    )
