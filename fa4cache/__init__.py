@@ -49,6 +49,7 @@ __all__ = [
     "DocumentMaskBuilder",
     "KernelSpec",
     "attention",
+    "jit_cache",
 ]
 
 # Lazily resolved names: module they live in.
@@ -65,11 +66,13 @@ _LAZY = {
     "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.spec",
     "attention": "fa4cache.adapters.attention",
+    "jit_cache": "fa4cache.adapters.jit_cache",
 }
 
 if TYPE_CHECKING:
     from .adapters.attention import attention
     from .adapters.flash_attn import install, uninstall
+    from .adapters.jit_cache import jit_cache
     from .masks import (
         AttentionMask,
         DocumentMaskBuilder,
