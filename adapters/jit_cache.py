@@ -298,14 +298,20 @@ class JitState:
                 sc.release_pending(canonical)
                 raise
             sc[canonical] = compiled
-        self.cache[key] = compiled
+        self._remember(key, compiled)
         return compiled
 
     def _memory_only(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.misses += 1
         compiled = self.fn(*args, **kwargs)
-        self.cache[key] = compiled
+        self._remember(key, compiled)
         return compiled
+
+    def _remember(self, key: Any, compiled: Any) -> None:
+        try:
+            self.cache[key] = compiled
+        except TypeError:  # a list argument: encodable, not hashable; the store still has it
+            pass
 
     def _store_cache(self, store: Store) -> StoreCompileCache:
         backend = _backend(store)
@@ -355,7 +361,7 @@ def make_wrapper(
         key = args + tuple(sorted(kwargs.items())) if kwargs else args
         try:
             compiled = cache[key]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, judged by the miss path
             return state.miss(key, args, kwargs)
         state.hits += 1
         return compiled

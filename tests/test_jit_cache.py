@@ -1,0 +1,212 @@
+"""``@fa4cache.jit_cache`` and QuACK's kernels in the store: real cross-compiles for sm_90
+on the CPU, in real processes (tests/jit_worker.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import getpass
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fa4cache
+from fa4cache.errors import UnstableKeyError
+
+from .conftest import ROOT, worker_env
+
+
+def _start(cache_dir: Path, action: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.jit_worker", action, *args],
+        cwd=ROOT,
+        env=worker_env(cache_dir, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{err[-4000:]}"
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+# --------------------------------------------------------------------------- QuACK
+
+QUACK_KINDS = (
+    "quack.rmsnorm_fwd",
+    "quack.rmsnorm_bwd",
+    "quack.cross_entropy",
+    "quack.cross_entropy_backward",
+)
+
+
+@pytest.fixture(scope="module")
+def quack_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two processes, one after the other, running QuACK's RMSNorm forward/backward and
+    cross-entropy forward/backward keys with fa4cache installed; QuACK's own cache
+    directory and TMPDIR point at empty directories of the test."""
+    d = tmp_path_factory.mktemp("quack")
+    store, private, tmp = d / "store", d / "quack_private", d / "tmp"
+    tmp.mkdir()
+    env = {"QUACK_CACHE_DIR": str(private), "TMPDIR": str(tmp)}
+    first = _finish(_start(store, "quack", **env))
+    second = _finish(_start(store, "quack", **env))
+    return {"store": store, "private": private, "tmp": tmp, "first": first, "second": second}
+
+
+@pytest.mark.compile
+def test_quack_kernels_compile_once_then_load(quack_runs: dict[str, Any]) -> None:
+    first, second = quack_runs["first"]["kinds"], quack_runs["second"]["kinds"]
+    assert set(first) == set(QUACK_KINDS)
+    for kind in QUACK_KINDS:
+        assert first[kind] == {"compiles": 1, "disk_hits": 0}, kind
+        assert second[kind] == {"compiles": 0, "disk_hits": 1}, kind
+    # uninstall() gives QuACK its own wrappers back, with the kernels compiled meanwhile.
+    assert quack_runs["first"]["restored"] and quack_runs["second"]["restored"]
+
+
+@pytest.mark.compile
+def test_quack_kinds_in_stats_and_private_cache_untouched(quack_runs: dict[str, Any]) -> None:
+    st = fa4cache.stats(quack_runs["store"])
+    for kind in QUACK_KINDS:
+        v = st["by_kind"][kind]
+        assert (v["entries"], v["compiles"], v["disk_hits"]) == (1, 1, 1), (kind, v)
+        # Each process called each kernel twice: the second call is a memory hit.
+        assert v["memory_hits"] == 2, (kind, v)
+    assert st["compiles"] == len(QUACK_KINDS)
+    # QUACK_CACHE_DIR and QuACK's default ($TMPDIR/<user>/quack_cache) were never written.
+    assert not quack_runs["private"].exists()
+    assert not (quack_runs["tmp"] / getpass.getuser() / "quack_cache").exists()
+    assert not list(quack_runs["tmp"].rglob("*quack*"))  # (CUTLASS and torch keep their caches there)
+
+
+# --------------------------------------------------------------------------- user kernels
+
+
+@pytest.mark.compile
+def test_user_kernel_compiles_once_across_four_processes_and_again_when_a_constant_changes(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
+    procs = [_start(store, "user", "--ready", str(r), "--go", str(go)) for r in ready]
+    deadline = time.monotonic() + 300
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "a worker exited before lining up"
+        time.sleep(0.05)
+    go.touch()  # all four call compile_scale(Float32) together
+    results = [_finish(p) for p in procs]
+    assert sum(r["compiles"] for r in results) == 1, results
+    assert sum(r["disk_hits"] for r in results) == 3, results
+    assert all(r["same"] for r in results), "another spelling of the same call was not a memory hit"
+    assert all(r["store"] == r["expected_store"] for r in results)
+    st = fa4cache.stats(store)["by_kind"]["jit.scale"]
+    assert (st["entries"], st["compiles"]) == (1, 1)
+
+    # A module constant the kernel reads (SCALE) changes: a new entry, compiled once.
+    changed = _finish(_start(store, "user", FA4CACHE_TEST_SCALE="3.0"))
+    assert (changed["compiles"], changed["disk_hits"]) == (1, 0)
+    again = _finish(_start(store, "user"))
+    assert (again["compiles"], again["disk_hits"]) == (0, 1)
+    st = fa4cache.stats(store)["by_kind"]["jit.scale"]
+    assert (st["entries"], st["compiles"]) == (2, 2)
+
+
+# --------------------------------------------------------------------------- keys (no compile)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Any:
+    pytest.importorskip("cutlass")
+    from tests import jit_kernels
+
+    return jit_kernels
+
+
+class Opt(enum.Enum):
+    A = 1
+    B = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    tile: int = 128
+    stages: int = 2
+
+
+def test_unstable_argument_raises_before_compiling(kernels: Any, tmp_path: Path) -> None:
+    fn = kernels.compile_scale
+    st = fn.__fa4cache_jit__
+    fa4cache.install(tmp_path / "store")
+    try:
+        for bad in (object(), lambda: 0, {1, 2}, bytearray(b"x")):
+            with pytest.raises(UnstableKeyError, match="argument 'tag'"):
+                fn(kernels.DTYPES[0], 16, bad)
+        assert st.misses == 0  # nothing was compiled
+        assert not list((tmp_path / "store").glob("v2/*/*/*.o"))
+    finally:
+        fa4cache.uninstall()
+
+
+def test_keys_are_canonical_over_spellings_and_distinct_over_values(kernels: Any) -> None:
+    """Random calls: every spelling of one call (positional, keyword, defaults written out)
+    names one entry; different argument values never share one."""
+    seed = int(os.environ["FA4CACHE_FUZZ_SEED"])
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    st = kernels.compile_scale.__fa4cache_jit__
+    values = [None, True, False, 0, 1, -1, 2**40, 0.5, -0.0, 0.0, "x", "", (1, 2), (1, (2,)), Opt.A, Opt.B]
+    values += [Config(), Config(64), Config(128, 3)]
+    seen: dict[str, Any] = {}
+    for _ in range(200):
+        dtype = rng.choice(kernels.DTYPES)
+        align = rng.choice([4, 8, 16])
+        tag = rng.choice(values)
+        spellings = [
+            ((dtype, align, tag), {}),
+            ((dtype,), {"align": align, "tag": tag}),
+            ((), {"tag": tag, "dtype": dtype, "align": align}),
+        ]
+        if align == 16:
+            spellings.append(((dtype,), {"tag": tag}))
+        digests = {st.entry(st.canonical(a, k)).digest for a, k in spellings}
+        assert len(digests) == 1, (dtype, align, tag)
+        digest = digests.pop()
+        value = (dtype, align, repr(tag), type(tag))
+        assert seen.setdefault(digest, value) == value, f"{value} and {seen[digest]} share an entry"
+    assert len(seen) > 50
+
+
+def test_source_digest_follows_what_the_kernel_reads(kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = kernels.compile_scale.__fa4cache_jit__
+    before = st.entry(st.canonical((kernels.DTYPES[0],), {}))
+    monkeypatch.setattr(kernels, "SCALE", kernels.SCALE + 1)
+    st._source = None  # a new process recomputes it
+    after = st.entry(st.canonical((kernels.DTYPES[0],), {}))
+    monkeypatch.undo()
+    st._source = None
+    assert before.digest != after.digest
+    assert st.entry(st.canonical((kernels.DTYPES[0],), {})) == before
+    assert before.kind == "jit.scale"
+
+
+def test_kind_names() -> None:
+    from fa4cache.adapters.jit_cache import kind_for
+
+    assert kind_for("quack.", "_compile_rmsnorm_fwd") == "quack.rmsnorm_fwd"
+    assert kind_for("quack.", "CrossEntropyBackward.compile") == "quack.cross_entropy_backward"
+    assert kind_for("jit.", "f.<locals>.Inner.compile") == "jit.f_inner"
+    assert len(kind_for("jit.", "x" * 200)) == 64
