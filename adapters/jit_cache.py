@@ -108,10 +108,23 @@ def _gpu_present() -> bool:
         return False
 
 
+def dsl_arch() -> int | None:
+    """The arch the CuTe DSL compiles for in this process. It latches ``CUTE_DSL_ARCH`` (or
+    the GPU's, or its sm_100a default) when first built, so the environment may say otherwise."""
+    if "cutlass" not in sys.modules:
+        return None
+    try:
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        return parse_arch(str(CuTeDSL._get_dsl().envar.arch))
+    except Exception:
+        return None
+
+
 def target_arch() -> int | None:
-    """The arch ``cute.compile`` targets: ``CUTE_DSL_ARCH``, else the GPU's, else the
-    cross-compile environment's (``FLASH_ATTENTION_ARCH``, then ``QUACK_ARCH``)."""
-    arch = parse_arch(os.environ.get("CUTE_DSL_ARCH"))
+    """The arch ``cute.compile`` targets: the DSL's, else ``CUTE_DSL_ARCH``, else the GPU's,
+    else the cross-compile environment's (``FLASH_ATTENTION_ARCH``, then ``QUACK_ARCH``)."""
+    arch = dsl_arch() or parse_arch(os.environ.get("CUTE_DSL_ARCH"))
     if arch is None and _gpu_present():
         import torch
 
@@ -139,7 +152,7 @@ def jit_toolchain() -> Toolchain:
     env = tuple(
         os.environ.get(k)
         for k in ("CUTE_DSL_ARCH", "QUACK_ARCH", "FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS")
-    )
+    ) + (str(dsl_arch()),)
     memo = _tc_memo
     if memo is not None and memo[0] == env:
         return memo[1]

@@ -23,7 +23,7 @@ def _scale_kernel(x: cute.Tensor, y: cute.Tensor) -> None:
     bidx, _, _ = cute.arch.block_idx()
     i = bidx * THREADS + tidx
     if i < x.shape[0]:
-        y[i] = x[i] * SCALE
+        y[i] = (x[i] * SCALE).to(y.element_type)
 
 
 @cute.jit

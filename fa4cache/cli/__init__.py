@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import Fa4CacheError
+from . import warm_jit
 from .doctor import cmd_doctor, cmd_env
 from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
 from .warm import cmd_warm
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("-j", "--jobs", type=int, default=1)
     s.add_argument("-q", "--quiet", action="store_true")
+    warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)
 
     s = sub.add_parser("env", help="environment to export for a job")
