@@ -382,6 +382,8 @@ def make_wrapper(
     def cache_clear() -> None:
         """Forget the kernels in memory (the store keeps them)."""
         cache.clear()
+        for sc in state._caches.values():
+            sc.clear()
 
     def cache_info() -> CacheInfo:
         return CacheInfo(hits=state.hits, misses=state.misses, maxsize=None, currsize=len(cache))
