@@ -115,15 +115,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    kw = max([16] + [len(r["kind"]) + 1 for r in rows])  # quack.cross_entropy_backward, jit.<function>
     print(
-        f"{'kind':<16}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
+        f"{'kind':<{kw}}{'digest':<14}{'dtype':<10}{'hdim':>5}  {'mask':<14}{'size':>10}{'compile':>9}  {'last used':<12}{'hits':>6}"
     )
     for r in rows:
         s = r["summary"]
         mask = (r["spec"] or {}).get("mask") or s.get("mask") or "-"
         cs = r["compile_seconds"]
         print(
-            f"{r['kind'][:15]:<16}{r['digest'][:12]:<14}{safe_text(s.get('dtype', '-'))[:9]:<10}{safe_text(s.get('head_dim', '-'))[:5]:>5}  "
+            f"{r['kind']:<{kw}}{r['digest'][:12]:<14}{safe_text(s.get('dtype', '-'))[:9]:<10}{safe_text(s.get('head_dim', '-'))[:5]:>5}  "
             f"{safe_text(mask)[:13]:<14}{human(r['size']):>10}{('-' if cs is None else f'{cs:.1f}s'):>9}  "
             f"{ago(r['last_used']):<12}{r['hits']:>6}"
         )
