@@ -248,7 +248,7 @@ class JitState:
     def source(self) -> str:
         if self._source is None:
             try:
-                self._source = source_digest(self.fn)
+                self._source = source_digest(self.fn, follow_classes=True)
             except UnstableKeyError as e:
                 raise UnstableKeyError(f"fa4cache.jit_cache({self.qualified}): {e}") from None
         return self._source

@@ -1,7 +1,7 @@
 """A real process compiling CuTe-DSL kernels through ``fa4cache.jit_cache`` / QuACK's
 routed ``jit_cache``; tests run it as a subprocess. Prints one ``RESULT`` JSON line.
 
-Usage: python -m tests.jit_worker quack|user [--ready FILE --go FILE]
+Usage: python -m tests.jit_worker quack|user|pool [--ready FILE --go FILE]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _line_up(ready: str | None, go: str | None) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("action", choices=["quack", "user"])
+    p.add_argument("action", choices=["quack", "user", "pool"])
     p.add_argument("--ready")
     p.add_argument("--go")
     a = p.parse_args()
@@ -86,6 +86,39 @@ def main() -> None:
         restored = all(calls[k][0] is originals[k] and len(originals[k].cache) == 1 for k in calls)
         store.counters.flush()
         print("RESULT " + json.dumps({"kinds": out, "restored": restored}), flush=True)
+        return
+
+    if a.action == "pool":
+        # QuACK's async compile pool (its autotuner's and pytest plugin's protocol): a cold miss
+        # raises CompilePending while a pool worker compiles; the caller retries.
+        store = fa4cache.install()
+        import quack  # noqa: F401
+        from quack.cache import CompilePending, pool_scope
+
+        fn, args, kwargs = quack_calls()["quack.rmsnorm_fwd"]
+        pending = 0
+        with pool_scope() as pool:
+            while True:
+                try:
+                    fn(*args, **kwargs)
+                    break
+                except CompilePending:
+                    pending += 1
+                    time.sleep(0.1)
+            submitted = pool.stats()["submitted"]
+        v = store.counters.values
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "pending": pending,
+                    "submitted": submitted,
+                    "compiles": v["compiles"],
+                    "disk_hits": v["disk_hits"],
+                }
+            ),
+            flush=True,
+        )
         return
 
     import cutlass

@@ -117,6 +117,20 @@ def test_quack_kinds_in_stats_and_private_cache_untouched(quack_runs: dict[str, 
     assert not list(quack_runs["tmp"].rglob("*quack*"))  # (CUTLASS and torch keep their caches there)
 
 
+@pytest.mark.compile
+def test_quack_async_pool_compiles_into_the_store(tmp_path: Path) -> None:
+    """With QuACK's compile pool active, the miss goes to a pool worker (CompilePending until
+    it is done), which compiles into the store; the caller then loads it; QuACK's directory
+    stays empty."""
+    env = {"QUACK_CACHE_DIR": str(tmp_path / "quack_private"), "QUACK_ASYNC_COMPILE_START": "spawn"}
+    r = _finish(_start(tmp_path / "store", "pool", QUACK_COMPILE_WORKERS="1", **env))
+    assert r["submitted"] == 1 and r["pending"] >= 1, r
+    assert (r["compiles"], r["disk_hits"]) == (0, 1), r  # compiled by the worker, loaded here
+    st = fa4cache.stats(tmp_path / "store")["by_kind"]["quack.rmsnorm_fwd"]
+    assert (st["entries"], st["compiles"]) == (1, 1)
+    assert not (tmp_path / "quack_private").exists()
+
+
 def test_quack_token_buckets_match_quack() -> None:
     pytest.importorskip("quack")
     from fa4cache.adapters.warm_quack import bucket_tokens
@@ -301,6 +315,36 @@ def test_source_digest_follows_what_the_kernel_reads(kernels: Any, monkeypatch: 
     assert before.digest != after.digest
     assert st.entry(st.canonical((kernels.DTYPES[0],), {})) == before
     assert before.kind == "jit.scale"
+
+
+_TILE = 128
+
+
+class _Kernel:
+    """A kernel class as QuACK writes them: the compile function reads the class, the class's
+    methods read module constants."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def tiles(self) -> int:
+        return self.n // _TILE
+
+
+def _compile_kernel(n: int) -> int:
+    return _Kernel(n).tiles()
+
+
+def test_source_digest_follows_kernel_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fa4cache.hashing import source_digest
+
+    before = source_digest(_compile_kernel, follow_classes=True)
+    plain = source_digest(_compile_kernel)
+    monkeypatch.setattr(sys.modules[__name__], "_TILE", 64)
+    assert source_digest(_compile_kernel, follow_classes=True) != before
+    assert source_digest(_compile_kernel) == plain  # masks hash classes by name, as before
+    monkeypatch.undo()
+    assert source_digest(_compile_kernel, follow_classes=True) == before
 
 
 def test_kind_names() -> None:
