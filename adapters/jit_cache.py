@@ -242,6 +242,10 @@ class JitState:
         self._warned = False
         # Set by the QuACK adapter: ships a miss to QuACK's async compile pool when one is active.
         self.pool_hook: Callable[[JitState, EntryRef, tuple[Any, ...], dict[str, Any]], None] | None = None
+        # Set by the QuACK adapter: QuACK's own wrapper, which takes a miss while routing is
+        # off (a reference to this wrapper kept past uninstall() must not pick a store itself).
+        self.original: Callable[..., Any] | None = None
+        self.routed: Callable[[], bool] = lambda: True
         _states.add(self)
 
     # -- keys ---------------------------------------------------------------------
@@ -283,6 +287,8 @@ class JitState:
 
     # -- miss path ------------------------------------------------------------------
     def miss(self, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.original is not None and not self.routed():
+            return self.original(*args, **kwargs)
         store = current_store()
         if store is None:
             return self._memory_only(key, args, kwargs)

@@ -79,7 +79,10 @@ def _route(original: Any, code: types.CodeType) -> Callable[..., Any] | None:
         library=True,
         cache=cache if isinstance(cache, dict) else None,
     )
-    getattr(wrapper, _jit.JIT_ATTR).pool_hook = _ship_to_pool
+    state = getattr(wrapper, _jit.JIT_ATTR)
+    state.pool_hook = _ship_to_pool
+    state.original = original
+    state.routed = _is_enabled
     wrapper.__fa4cache_quack_original__ = original  # type: ignore[attr-defined]
     _routed[id(original)] = (original, wrapper)
     return wrapper
@@ -149,6 +152,10 @@ def disable() -> None:
         while _replaced:
             owner, name, original = _replaced.pop()
             setattr(owner, name, original)
+
+
+def _is_enabled() -> bool:
+    return _enabled
 
 
 def routed_count() -> int:

@@ -131,6 +131,34 @@ def test_quack_async_pool_compiles_into_the_store(tmp_path: Path) -> None:
     assert not (tmp_path / "quack_private").exists()
 
 
+def _fake_compile(n: int) -> object:
+    return object()
+
+
+def test_routed_quack_wrapper_defers_to_quack_while_routing_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference to a routed wrapper kept past uninstall() hands misses to QuACK's own
+    wrapper; while routing is on, they are fa4cache's (memory only here: FA4CACHE_DISABLE)."""
+    pytest.importorskip("quack")
+    import quack.cache as qc
+    from fa4cache.adapters import quack as adapter
+    from quack.cache.jit import jit_cache as quack_jit_cache
+
+    monkeypatch.setattr(qc, "CACHE_ENABLED", False)  # QuACK's wrapper: memory only
+    monkeypatch.setenv("FA4CACHE_DISABLE", "1")
+    original = quack_jit_cache(_fake_compile)
+    routed = adapter._route(original, adapter._wrapper_code())
+    assert routed is not None and adapter._route(original, adapter._wrapper_code()) is routed
+    assert adapter._route(_fake_compile, adapter._wrapper_code()) is None
+    state = routed.__fa4cache_jit__
+    monkeypatch.setattr(adapter, "_enabled", True)
+    k1 = routed(1)
+    assert (state.misses, original.cache_info().misses) == (1, 0)
+    monkeypatch.setattr(adapter, "_enabled", False)
+    k2 = routed(2)
+    assert (state.misses, original.cache_info().misses) == (1, 1)
+    assert original(1) is k1 and routed(2) is k2  # one dict, shared
+
+
 def test_quack_token_buckets_match_quack() -> None:
     pytest.importorskip("quack")
     from fa4cache.adapters.warm_quack import bucket_tokens
