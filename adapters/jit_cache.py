@@ -206,19 +206,21 @@ def _backend(store: Store) -> Installation:
 # --------------------------------------------------------------------------- keys
 
 
+# Named tuples of this module encode under their own type names: never equal to a plain tuple.
+_Dataclass = namedtuple("_Dataclass", ["type", "fields"])
+_Dict = namedtuple("_Dict", ["items"])
+
+
 def _plain(value: Any) -> Any:
     """Arguments as values :func:`encode_key` knows: a dataclass becomes its type and fields
-    (QuACK passes frozen config dataclasses), lists tuples; the rest as is."""
+    (QuACK passes frozen config dataclasses), a list a tuple, a dict its sorted items."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (
-            "dataclass",
-            type(value),
-            tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value)),
-        )
+        fields = tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value))
+        return _Dataclass(type(value), fields)
     if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
         return tuple(_plain(v) for v in value)
     if isinstance(value, dict):
-        return ("dict", tuple(sorted((str(k), _plain(v)) for k, v in value.items())))
+        return _Dict(tuple(sorted((str(k), _plain(v)) for k, v in value.items())))
     return value
 
 
