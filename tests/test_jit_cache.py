@@ -382,3 +382,13 @@ def test_kind_names() -> None:
     assert kind_for("quack.", "CrossEntropyBackward.compile") == "quack.cross_entropy_backward"
     assert kind_for("jit.", "f.<locals>.Inner.compile") == "jit.f_inner"
     assert len(kind_for("jit.", "x" * 200)) == 64
+
+
+@pytest.mark.parametrize("kind", [".", "..", ".hidden", "a/b", "a\\b", "Quack.x", "x" * 65, ""])
+def test_dotted_kinds_never_name_another_directory(kind: str) -> None:
+    from fa4cache.errors import ConfigError
+    from fa4cache.layout import EntryRef
+
+    with pytest.raises(ConfigError, match="invalid kernel kind"):
+        EntryRef("0" * 20, kind, "0" * 64)
+    assert EntryRef("0" * 20, "quack.rmsnorm_fwd", "0" * 64).kind == "quack.rmsnorm_fwd"
