@@ -23,6 +23,7 @@ from fa4cache.errors import ConfigError
 from fa4cache.jit_spec import JitCall
 from fa4cache.spec import ARCH_ENV
 
+from . import cross_compile
 from .jit_cache import JIT_ATTR
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,8 @@ def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarm
         raise ConfigError(f"warm: one target arch per run, got {', '.join(sorted(archs))}")
     set_cross_compile_env(calls[0].arch)
     pin_dsl_arch(ARCH_ENV[calls[0].arch][1])
+    # Without a GPU, kernels that ask the driver for the SM count (QuACK's GEMMs) get the target's.
+    cross_compile.answer_hardware_queries()
     # QuACK picks its kernel classes by QUACK_ARCH when no GPU answers.
     os.environ.setdefault("QUACK_ARCH", ARCH_ENV[calls[0].arch][1])
     store = install(cache_dir)
