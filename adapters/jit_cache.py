@@ -69,17 +69,23 @@ def _snake(name: str) -> str:
 
 
 def kind_for(prefix: str, qualname: str) -> str:
-    """A store kind from a qualified name: ``jit.`` + ``Scale.compile`` -> ``jit.scale_compile``.
-
-    A ``compile`` method is named by its class (``CrossEntropyBackward.compile`` ->
-    ``cross_entropy_backward``) and a ``_compile_x`` function by ``x``, as QuACK names them.
-    """
+    """A library function's kind, named as QuACK names its kernels: a ``compile`` method by
+    its class (``CrossEntropyBackward.compile`` -> ``quack.cross_entropy_backward``), a
+    ``_compile_x`` function by ``x`` (``_compile_rmsnorm_fwd`` -> ``quack.rmsnorm_fwd``)."""
     parts = [p for p in qualname.replace("<locals>", "").split(".") if p]
     if len(parts) > 1 and parts[-1] == "compile":
         parts = parts[:-1]
     parts = [re.sub(r"^_*compile_", "", p) for p in parts]
     text = re.sub(r"[^a-z0-9_]+", "_", "_".join(_snake(p) for p in parts)).strip("_") or "fn"
     return (prefix + text)[:_MAX_KIND]
+
+
+def user_kind(qualname: str) -> str:
+    """A ``@fa4cache.jit_cache`` function's kind: ``jit.`` + its qualified name in snake case
+    (``compile_rowsum`` -> ``jit.compile_rowsum``, ``RowSum.compile`` -> ``jit.row_sum.compile``)."""
+    parts = [p for p in qualname.replace("<locals>", "").split(".") if p]
+    text = ".".join(re.sub(r"[^a-z0-9_]+", "_", _snake(p)).strip("_") or "fn" for p in parts) or "fn"
+    return ("jit." + text)[:_MAX_KIND]
 
 
 # --------------------------------------------------------------------------- toolchain
@@ -413,13 +419,13 @@ def jit_cache(fn: Callable[..., Any] | None = None, *, kind: str | None = None) 
         def compile_rowsum(dtype, n_cols):
             return cute.compile(RowSum(dtype, n_cols), *fake_args(dtype, n_cols))
 
-    ``kind`` names the entries in ``stats``/``ls`` (default ``jit.<function>``).
+    ``kind`` names the entries in ``stats``/``ls`` (default ``jit.<qualified name>``).
     """
 
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
             raise TypeError(f"fa4cache.jit_cache decorates a function, got {type(f).__name__}")
-        k = kind if kind is not None else kind_for("jit.", f.__qualname__)
+        k = kind if kind is not None else user_kind(f.__qualname__)
         EntryRef("0" * 20, k, "0" * 64)  # validates the kind now, not at the first miss
         return make_wrapper(f, k, library=False)
 

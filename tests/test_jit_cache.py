@@ -232,7 +232,7 @@ def test_warm_manifest_names_jit_cache_functions(tmp_path: Path) -> None:
         assert re.search(
             r"^_launch\(\).*FAILED: ConfigError: jit: .* is not a @fa4cache.jit_cache", r.stdout, re.M
         )
-    st = fa4cache.stats(store)["by_kind"]["jit.scale"]
+    st = fa4cache.stats(store)["by_kind"]["jit.compile_scale"]
     assert (st["entries"], st["compiles"], st["disk_hits"]) == (1, 1, 1)
 
 
@@ -257,13 +257,13 @@ def test_user_kernel_compiles_once_across_four_processes_and_again_when_a_consta
     assert sum(r["disk_hits"] for r in results) == 3, results
     assert all(r["same"] for r in results), "another spelling of the same call was not a memory hit"
     assert all(r["store"] == r["expected_store"] for r in results)
-    st = fa4cache.stats(store)["by_kind"]["jit.scale"]
+    st = fa4cache.stats(store)["by_kind"]["jit.compile_scale"]
     assert (st["entries"], st["compiles"]) == (1, 1)
 
     # A module constant the kernel reads (SCALE) changes: a new entry, compiled once.
     changed = _finish(_start(store, "user", FA4CACHE_TEST_SCALE="3.0"))
     assert (changed["compiles"], changed["disk_hits"]) == (1, 0)
-    st = fa4cache.stats(store)["by_kind"]["jit.scale"]
+    st = fa4cache.stats(store)["by_kind"]["jit.compile_scale"]
     assert (st["entries"], st["compiles"]) == (2, 2)
 
 
@@ -342,7 +342,7 @@ def test_source_digest_follows_what_the_kernel_reads(kernels: Any, monkeypatch: 
     st._source = None
     assert before.digest != after.digest
     assert st.entry(st.canonical((kernels.DTYPES[0],), {})) == before
-    assert before.kind == "jit.scale"
+    assert before.kind == "jit.compile_scale"
 
 
 _TILE = 128
@@ -376,12 +376,19 @@ def test_source_digest_follows_kernel_classes(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_kind_names() -> None:
-    from fa4cache.adapters.jit_cache import kind_for
+    from fa4cache.adapters.jit_cache import kind_for, user_kind
+
+    from fa4cache.layout import EntryRef
 
     assert kind_for("quack.", "_compile_rmsnorm_fwd") == "quack.rmsnorm_fwd"
     assert kind_for("quack.", "CrossEntropyBackward.compile") == "quack.cross_entropy_backward"
-    assert kind_for("jit.", "f.<locals>.Inner.compile") == "jit.f_inner"
-    assert len(kind_for("jit.", "x" * 200)) == 64
+    assert kind_for("quack.", "f.<locals>.Inner.compile") == "quack.f_inner"
+    assert user_kind("compile_scale") == "jit.compile_scale"
+    assert user_kind("f.<locals>.RowSum.compile") == "jit.f.row_sum.compile"
+    assert user_kind("Ünïcode") == "jit.n_code"
+    for name in ("x" * 200, "a." * 100):
+        assert len(user_kind(name)) == 64
+        EntryRef("0" * 20, user_kind(name), "0" * 64)  # a valid kind
 
 
 @pytest.mark.parametrize("kind", [".", "..", ".hidden", "a/b", "a\\b", "Quack.x", "x" * 65, ""])
