@@ -48,6 +48,7 @@ _finder: _Finder | None = None
 # original QuACK wrapper -> ours, and every place one was replaced (to put back).
 _routed: dict[int, tuple[Any, Callable[..., Any]]] = {}
 _replaced: list[tuple[Any, str, Any]] = []
+_warned = False
 
 
 def _wrapper_code() -> types.CodeType | None:
@@ -89,8 +90,15 @@ def _route(original: Any, code: types.CodeType) -> Callable[..., Any] | None:
 
 
 def _patch_module(module: types.ModuleType) -> int:
+    global _warned
     code = _wrapper_code()
     if code is None:
+        if JIT_MODULE in sys.modules and not _warned:
+            _warned = True
+            log.warning(
+                "fa4cache: QuACK's jit_cache layout is not recognised (tested with quack-kernels 0.6.5); "
+                "its kernels stay in QuACK's own cache"
+            )
         return 0
     n = 0
     for name, obj in list(vars(module).items()):

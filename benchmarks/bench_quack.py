@@ -307,7 +307,12 @@ def main() -> None:
 
     if "FA4CACHE_RESULTS" not in os.environ and os.environ.get("OUT"):
         os.environ["FA4CACHE_RESULTS"] = os.environ["OUT"]
-    cfg = f"batch {args.batch} x seqlen {args.seqlen}, hidden {args.hidden}, {args.heads} heads, vocab {args.vocab}, bf16"
+    from importlib import metadata
+
+    cfg = (
+        f"batch {args.batch} x seqlen {args.seqlen}, hidden {args.hidden}, {args.heads} heads, vocab {args.vocab}, "
+        f"bf16; quack-kernels {metadata.version('quack-kernels')}"
+    )
     save(
         "quack_h200",
         "Training step with QuACK RMSNorm + cross-entropy + FA4 attention: fa4cache vs QuACK's own cache",
