@@ -296,6 +296,9 @@ def install(cache_dir: str | os.PathLike[str] | None = None, **options: Any) -> 
         if _finder is None:
             _finder = _PatchingFinder()
             sys.meta_path.insert(0, _finder)
+        from . import quack  # QuACK's jit_cache kernels go to the same store
+
+        quack.enable()
         return store
 
 
@@ -310,6 +313,9 @@ def uninstall() -> None:
             except ValueError:
                 pass
             _finder = None
+        from . import quack
+
+        quack.disable()
         if inst is None:
             return
         release_thread_pending()

@@ -8,6 +8,7 @@
 #   PART=cluster the cluster-tier benchmark (two Ray nodes, one per GPU; issue 27)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
+#   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -69,6 +70,9 @@ if has transformers; then
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"
+fi
+if has quack; then
+  timeout 400 python3 benchmarks/bench_quack.py 2>&1 | tail -45 | tee -a "$out/run.log"
 fi
 if has store; then
   timeout 330 python3 benchmarks/bench_store.py 2>&1 | tail -40 | tee -a "$out/run.log"

@@ -49,6 +49,7 @@ __all__ = [
     "DocumentMaskBuilder",
     "KernelSpec",
     "attention",
+    "jit_cache",
 ]
 
 # Lazily resolved names: module they live in.
@@ -65,6 +66,7 @@ _LAZY = {
     "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.aot.spec",
     "attention": "fa4cache.ops.attention",
+    "jit_cache": "fa4cache.adapters.jit_cache",
 }
 
 # Subpackages reachable as attributes without an import of their own, as the README
@@ -78,6 +80,7 @@ if _typing.TYPE_CHECKING:
     from fa4cache.store.store import Store
 
     from .adapters.flash_attn import install, uninstall
+    from .adapters.jit_cache import jit_cache
     from .masks import (
         AttentionMask,
         DocumentMaskBuilder,

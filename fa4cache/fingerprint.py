@@ -2,7 +2,8 @@
 
 A cached ``.o`` is only valid for the exact code generator that produced it. The
 fingerprint covers FA4's version *and* a digest of its ``flash_attn/cute`` sources
-(editable installs and local patches change code without changing the version), the
+(editable installs and local patches change code without changing the version), the same
+for QuACK (FA4's kernels import its helpers, and QuACK's own kernels go through the store), the
 CUTLASS DSL and its CUDA library variant, tvm-ffi, torch (its local tag carries the
 CUDA build), the Python tag, the target arch, and the environment knobs that change
 code generation. Computed from package metadata and file contents only: no import of
@@ -71,6 +72,7 @@ class Toolchain:
     knobs: tuple[tuple[str, str], ...]
     patches: tuple[tuple[str, str], ...] = ()
     num_sms: int | None = None
+    quack_source_digest: str = "absent"
 
     def describe(self) -> dict[str, object]:
         return {
@@ -83,6 +85,7 @@ class Toolchain:
             "knobs": dict(self.knobs),
             "patches": dict(self.patches),
             "num_sms": self.num_sms,
+            "quack_source_digest": self.quack_source_digest,
         }
 
 
@@ -94,10 +97,12 @@ def _version(dist: str) -> str | None:
 
 
 @lru_cache(maxsize=4)
-def _fa4_source_digest_cached(signature: tuple[tuple[str, int, int], ...]) -> str:
+def _fa4_source_digest_cached(
+    signature: tuple[tuple[str, int, int], ...], marker: str = "flash_attn/cute/"
+) -> str:
     h = hashlib.sha256()
     for path, _size, _mtime in signature:
-        rel = path.split("flash_attn/cute/", 1)[-1]
+        rel = path.split(marker, 1)[-1]
         h.update(rel.encode() + b"\0")
         try:
             with open(path, "rb") as f:
@@ -120,14 +125,22 @@ def fa4_source_digest() -> str:
     return _fa4_source_digest_cached(tuple(sorted(files)))
 
 
-def _fa4_files() -> list[tuple[str, int, int]]:
+def quack_source_digest() -> str:
+    """Digest of every ``quack/**/*.py`` file of the installed QuACK (as for FA4)."""
+    files = _fa4_files("quack", "")
+    if not files:
+        return "absent"
+    return _fa4_source_digest_cached(tuple(sorted(files)), "quack/")
+
+
+def _fa4_files(package: str = "flash_attn", subdir: str = "cute") -> list[tuple[str, int, int]]:
     import importlib.util
 
-    mod = sys.modules.get("flash_attn")
+    mod = sys.modules.get(package)
     roots = list(getattr(mod, "__path__", []) or [])
     if not roots:
         try:
-            spec = importlib.util.find_spec("flash_attn")
+            spec = importlib.util.find_spec(package)
         except (ImportError, ValueError):
             return []
         if spec is None or not spec.submodule_search_locations:
@@ -135,7 +148,7 @@ def _fa4_files() -> list[tuple[str, int, int]]:
         roots = list(spec.submodule_search_locations)
     out = []
     for root in roots:
-        cute_dir = os.path.join(root, "cute")
+        cute_dir = os.path.join(root, subdir) if subdir else root
         for dirpath, dirs, names in os.walk(cute_dir):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for n in names:
@@ -171,6 +184,7 @@ def toolchain(
     arch = arch if arch is not None else env_arch()
     versions = tuple((d, v) for d in DISTRIBUTIONS if (v := _version(d)) is not None)
     src = fa4_source_digest()
+    quack_src = quack_source_digest()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     # The host CPU architecture: an aarch64 host (GH200, GB200) cannot load x86-64 objects.
     machine = platform.machine().lower() or "unknown"
@@ -186,6 +200,7 @@ def toolchain(
             "knobs": knobs,
             "patches": patches,
             "num_sms": num_sms,
+            "quack_src": quack_src,
         },
         sort_keys=True,
     ).encode()
@@ -199,4 +214,5 @@ def toolchain(
         knobs=knobs,
         patches=patches,
         num_sms=num_sms,
+        quack_source_digest=quack_src,
     )

@@ -144,7 +144,9 @@ def _value_text(value: Any, where: str) -> str:
         ) from None
 
 
-def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256) -> str:
+def source_digest(
+    fn: Callable[..., Any], *extra: str, max_functions: int = 256, follow_classes: bool = False
+) -> str:
     """Digest of ``fn``'s source, every function it can reach, and every value they read.
 
     Reached functions are the globals its code (nested code included) loads and the
@@ -154,6 +156,9 @@ def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256)
     mask that reads ``WINDOW = 256`` gets another hash when it becomes 512. A value
     without a stable encoding raises :class:`~fa4cache.errors.UnstableKeyError`.
     ``extra`` strings (specialisations, sources the code depends on) are mixed in.
+    ``follow_classes``: a user-defined class it reads (a kernel class, as in QuACK's
+    ``cute.compile(RMSNorm(...), ...)``) counts by its source and its methods' reach, not
+    by its name alone (``jit_cache``; masks keep their hashes).
     """
     h = hashlib.sha256(b"fa4cache-source-v2\0")
     seen: set[int] = set()
@@ -176,6 +181,11 @@ def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256)
             target = _unwrap(f.__globals__[name])
             if isinstance(target, types.FunctionType) and _is_user_code(target):
                 todo.append(target)
+            elif follow_classes and _is_user_class(target):
+                if id(target) not in seen:
+                    seen.add(id(target))
+                    h.update(f"\0class\0{name}\0{_class_source(target)}".encode())
+                    todo.extend(_class_functions(target))
             else:
                 text = _value_text(target, f"global {name!r} read by {f.__module__}.{f.__qualname__}")
                 h.update(f"\0global\0{name}\0{text}".encode())
@@ -195,6 +205,37 @@ def source_digest(fn: Callable[..., Any], *extra: str, max_functions: int = 256)
     return h.hexdigest()
 
 
-def _is_user_code(fn: types.FunctionType) -> bool:
-    mod = fn.__module__ or ""
+def _is_user_class(value: Any) -> bool:
+    return isinstance(value, type) and _is_user_module(value.__module__ or "")
+
+
+def _class_source(cls: type) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return f"{cls.__module__}.{cls.__qualname__}"  # its functions are still followed
+
+
+def _class_functions(cls: type) -> list[Any]:
+    """Functions defined by ``cls`` and its user-defined bases (methods, static and class
+    methods, property accessors)."""
+    out: list[Any] = []
+    for klass in cls.__mro__:
+        if not _is_user_class(klass):
+            continue
+        for attr in vars(klass).values():
+            if isinstance(attr, (staticmethod, classmethod)):
+                attr = attr.__func__
+            if isinstance(attr, property):
+                out.extend(a for a in (attr.fget, attr.fset, attr.fdel) if a is not None)
+            elif callable(attr):
+                out.append(attr)
+    return out
+
+
+def _is_user_module(mod: str) -> bool:
     return not mod.startswith(("cutlass", "flash_attn", "torch", "quack", "tvm_ffi", "builtins"))
+
+
+def _is_user_code(fn: types.FunctionType) -> bool:
+    return _is_user_module(fn.__module__ or "")

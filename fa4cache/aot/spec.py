@@ -128,4 +128,9 @@ def load_manifest(path: str | Path) -> list[KernelSpec]:
         data = data["specs"]
     if not isinstance(data, list):
         raise ConfigError(f"manifest {p}: expected a JSON list of specs")
-    return [KernelSpec.from_dict(d, where=f"manifest {p} entry {i}") for i, d in enumerate(data)]
+    # Entries naming a jit_cache function ("jit") are fa4cache.aot.jit_spec's.
+    return [
+        KernelSpec.from_dict(d, where=f"manifest {p} entry {i}")
+        for i, d in enumerate(data)
+        if not (isinstance(d, dict) and "jit" in d)
+    ]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
+from . import warm_jit
 from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
 from .store_commands import cmd_clear, cmd_ls, cmd_prune, cmd_stats, cmd_verify
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("-j", "--jobs", type=int, default=1, help="compile this many specs in parallel processes")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)
 
     s = sub.add_parser("env", help="environment to export for a job")

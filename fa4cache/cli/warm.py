@@ -129,6 +129,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
         )
     else:
         specs = _specs_from_flags(args)
+    from .warm_jit import calls_from_args, run  # QuACK / jit_cache kernels (fa4cache.aot.jit_spec)
+
+    jit_calls = calls_from_args(args)
+    jit_failed = run(jit_calls, str(settings_of(args).cache_dir)) if jit_calls else 0
+    if jit_calls and not specs:
+        return 1 if jit_failed else 0
     if not specs:
         print(
             "nothing to warm"
@@ -195,4 +201,4 @@ def cmd_warm(args: argparse.Namespace) -> int:
     )
     if unreplayable:
         print(f"{unreplayable} entries carry no spec (compiled by training calls) and were not replayed")
-    return 1 if failed else 0
+    return 1 if failed or jit_failed else 0

@@ -57,7 +57,8 @@ ARCHIVE = "archive.json"
 ZERO = "zero.json"
 _MAX_STATS_FILE = 1 << 20
 _MAX_COUNT = 1e15  # larger values are damage, not counts
-_KIND = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")
+# A dot separates a namespace (quack.rmsnorm_fwd, jit.<function>); never first, so never "." or "..".
+_KIND = re.compile(r"[a-z0-9][a-z0-9_.]{0,63}")
 
 
 class Counters:

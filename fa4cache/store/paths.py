@@ -32,7 +32,8 @@ from .secure_io import dir_problem, only_me
 LAYOUT = "v2"
 TOOLCHAIN_FILE = "toolchain.json"
 _HEX = re.compile(r"[0-9a-f]{64}")
-_KIND = re.compile(r"[a-z0-9][a-z0-9_]{0,63}")
+# A dot separates a namespace (quack.rmsnorm_fwd, jit.<function>); never first, so never "." or "..".
+_KIND = re.compile(r"[a-z0-9][a-z0-9_.]{0,63}")
 _TC = re.compile(r"[0-9a-f]{8,64}")
 
 
