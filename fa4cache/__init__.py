@@ -74,13 +74,13 @@ _LAZY = {
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:
+    from fa4cache.adapters.jit_cache import jit_cache
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats
     from fa4cache.store.store import Store
 
     from .adapters.flash_attn import install, uninstall
-    from .adapters.jit_cache import jit_cache
     from .masks import (
         AttentionMask,
         DocumentMaskBuilder,

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from fa4cache.store import counters
     from fa4cache.store.stats import collect
-    from fa4cache.store.store import counters
 
     s = settings_of(args)
     if args.zero:
