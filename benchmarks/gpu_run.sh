@@ -27,13 +27,11 @@ site=/opt/fa4cache-site
 # Always reinstall: a warm machine may still hold the previous call's copy.
 rm -rf "$site" "$repo/build"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $site "$repo" || exit 3
-if [ -f /opt/raystage/ray.part1 ] && [ -f "$repo/.gpu/ray2/ray.part2" ] && [ ! -d /opt/raysite/ray ]; then
-  cat /opt/raystage/ray.part1 "$repo/.gpu/ray2/ray.part2" > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
-  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl 2>&1 | tail -3 | tee -a "$out/run.log"
-fi
-if [ -d /opt/raystage/whl ] && [ ! -f /opt/raysite/.deps ]; then
-  # Ray's own dependencies that the GPU image lacks (jsonschema and friends), carried as wheels.
-  python3 -m pip install -q --no-index --no-deps --target /opt/raysite /opt/raystage/whl/*.whl && touch /opt/raysite/.deps
+if [ -f /opt/raystage/ray.part1 ] && ls "$repo"/.gpu/ray2/ray.part* >/dev/null 2>&1 && [ ! -d /opt/raysite/ray ]; then
+  # Ray's wheel in parts (benchmarks/stage_ray.sh): part 1 staged by an earlier call, the rest carried now.
+  whl=/tmp/ray-$(cat "$repo/.gpu/ray2/VERSION")-cp312-cp312-manylinux2014_x86_64.whl
+  cat /opt/raystage/ray.part1 $(ls "$repo"/.gpu/ray2/ray.part* | sort -V) > "$whl"
+  python3 -m pip install -q --no-index --no-deps --target /opt/raysite "$whl" "$repo"/.gpu/ray2/*.whl 2>&1 | tail -3 | tee -a "$out/run.log"
 fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
 cd "$repo"
