@@ -85,32 +85,6 @@ def dir_problem(path: Path, *, trusted: frozenset[int], what: str) -> str | None
     return why
 
 
-def check_chain(path: Path, *, trusted: frozenset[int] | None = None) -> None:
-    """Raise :class:`InsecurePath` unless every existing directory from ``/`` down to
-    ``path`` (symlinks resolved, each link itself checked too) is one that only
-    trusted owners can change. Without this, whoever can write a parent directory
-    can swap the store for a tree of their own between two reads."""
-    trusted = owners() if trusted is None else trusted
-    for chain in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
-        d = Path(chain.anchor)
-        for part in chain.parts[1:]:
-            d = d / part
-            try:
-                st = os.lstat(d)
-            except FileNotFoundError:
-                break
-            if stat.S_ISLNK(st.st_mode):
-                if st.st_uid not in trusted:
-                    raise InsecurePath(f"{d} is a symlink owned by uid {st.st_uid}")
-                continue  # the link's own directory was checked; its target is checked by realpath
-            why = problem(st, d, trusted=trusted, what="directory")
-            if why:
-                raise InsecurePath(
-                    f"{why}: another user could swap the cache under it. Use a directory that only "
-                    f"you can change (e.g. FA4CACHE_DIR=~/.cache/fa4cache), or fix its permissions"
-                )
-
-
 def open_dir(
     path: Path | str,
     *,
