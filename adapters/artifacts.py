@@ -1,19 +1,19 @@
 """FA4 kernels as store artifacts: export a compiled kernel to an object file, load one back.
 
-A loader is only ever given a private copy of the bytes that the store verified (in a
-fresh 0700 directory), never the store's own path, so nothing that happens to the store
-between the check and the load can change what runs.
+A loader is only ever given the bytes that the store verified, as ``/proc/self/fd/N`` of
+a sealed in-memory file (:func:`fa4cache.store.secure_io.loadable_path`), never a path in
+the store or in a temp directory: nothing another user does to any directory between the
+check and the load can change what runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fa4cache.store.secure_io import private_copy, remove_private_copy
+from fa4cache.store.secure_io import loadable_path
 from fa4cache.store.store import Artifact
 
 EXPORT_FUNCTION = "func"
@@ -28,12 +28,10 @@ def export(fn: Any, path: Path) -> bool:
 def load_callable(art: Artifact) -> Any:
     import cutlass.cute as cute
 
-    path = private_copy(art.data, f"{art.ref.digest}.{os.getpid()}.o")
-    try:
-        module = cute.runtime.load_module(str(path), enable_tvm_ffi=art.sidecar.tvm_ffi)
+    # The DSL reads the whole file into memory (it dlopens only names ending in .so).
+    with loadable_path(art.data, f"{art.ref.digest}.o") as path:
+        module = cute.runtime.load_module(path, enable_tvm_ffi=art.sidecar.tvm_ffi)
         return getattr(module, EXPORT_FUNCTION)
-    finally:
-        remove_private_copy(path)
 
 
 # CuTe's dtype names -> the names warm, KernelSpec and the CLI use.

@@ -79,6 +79,10 @@ def parse_choice(*choices: str) -> Callable[..., str]:
     return parse
 
 
+def parse_text(text: str, *, setting: str) -> str:
+    return str(text).strip()
+
+
 def parse_uids(text: str, *, setting: str) -> tuple[int, ...]:
     out = []
     for part in str(text).replace(",", " ").split():
@@ -86,10 +90,6 @@ def parse_uids(text: str, *, setting: str) -> tuple[int, ...]:
             raise ConfigError(f"{setting}: expected numeric uids separated by commas, got {part!r}")
         out.append(int(part))
     return tuple(sorted(set(out)))
-
-
-def parse_text(text: str, *, setting: str) -> str:
-    return str(text).strip()
 
 
 def parse_class_path(text: str, *, setting: str) -> str:
@@ -105,6 +105,17 @@ def _parse_dir(text: str, *, setting: str) -> Path:
 
 def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
     return tuple(resolve_path(p, setting=setting) for p in str(text).split(os.pathsep) if p)
+
+
+def _no_separator(paths: tuple[Path, ...], *, setting: str) -> None:
+    # FA4CACHE_BASE_DIRS is os.pathsep-separated: a base named with one would arrive in
+    # the workers as two bases.
+    for p in paths:
+        if os.pathsep in str(p):
+            raise ConfigError(
+                f"{setting}: base store {str(p)!r} contains {os.pathsep!r}, which separates base stores "
+                f"in FA4CACHE_BASE_DIRS; use a path (or a symlink to it) without {os.pathsep!r}"
+            )
 
 
 # --------------------------------------------------------------------------- the table
@@ -146,8 +157,9 @@ SETTINGS: tuple[Setting, ...] = (
             "used first)", "max_size"),
     Setting("FA4CACHE_TRUSTED_UIDS", parse_uids, (), "uids besides yours and root whose base stores are "
             "trusted (`1001,1002`): the owners of a team cache", "trusted_uids"),
-    Setting("FA4CACHE_INSECURE", parse_choice("refuse", "warn"), "refuse", "`refuse` (error) or `warn` "
-            "(warning, memory-only) for an unsafe store directory", "insecure_policy"),
+    Setting("FA4CACHE_INSECURE", parse_choice("refuse", "warn"), None, "unset: an unsafe store directory is "
+            "an error, an unsafe base store is ignored with a warning; `refuse`: both are errors; `warn`: "
+            "warnings (the store memory-only, the base ignored)", "insecure_policy"),
     Setting("FA4CACHE_REMOTE_TIER", parse_class_path, None, "a remote store tier, `module:Class`, asked after the local "
             "and base stores (`fa4cache.env(cluster=True)` sets the Ray cluster tier)", "remote_tier"),
     Setting("FA4CACHE_CLUSTER_LEASE", parse_seconds, 30.0, "Ray cluster tier: seconds a compile lease "
@@ -192,7 +204,16 @@ def markdown_table() -> str:
 def placeholder_values(node_id: str | None = None) -> dict[str, str]:
     """Values for ``{hostname}``, ``{user}``, ``{node_id}`` in this process."""
     node = node_id or setting("FA4CACHE_NODE_ID") or _ray_node_id() or socket.gethostname()
-    return {"hostname": socket.gethostname(), "user": getpass.getuser(), "node_id": node}
+    return {"hostname": socket.gethostname(), "user": user_name(), "node_id": node}
+
+
+def user_name() -> str:
+    """This user's name for ``{user}``: ``$USER``/``$LOGNAME``, the passwd entry, else the uid
+    (a container user without a passwd entry still gets a path of its own)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid{os.getuid()}" if hasattr(os, "getuid") else "user"
 
 
 def _ray_node_id() -> str | None:
@@ -238,12 +259,21 @@ def _safe_component(value: str) -> str:
     return cleaned if cleaned not in ("", ".", "..") else "_"
 
 
+# FA4's own disk cache (it would store every kernel a second time) and the CuTe DSL's
+# (under $TMPDIR/$USER, a directory it makes without checking who owns it) are off in a job.
+DSL_CACHES_OFF = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
+
 # The Ray hook's default on each node: fast local disk, shared by the ranks of a node.
 NODE_LOCAL_DEFAULT = "/var/tmp/fa4cache-{user}"
 
 
 def node_local_default() -> Path:
     return resolve_path(NODE_LOCAL_DEFAULT, setting="node-local default")
+
+
+def is_node_local_path(raw: str | os.PathLike[str]) -> bool:
+    """Whether a store path as written names a per-node directory: one with a placeholder."""
+    return _PLACEHOLDER.search(os.fspath(raw)) is not None
 
 
 def default_dir() -> Path:
@@ -264,9 +294,12 @@ class Settings:
     lock_timeout: float = 600.0
     max_size: int | None = None
     trusted_uids: tuple[int, ...] = ()
-    insecure_policy: str = "refuse"
+    insecure_policy: str | None = None  # None: the store refused, a base ignored (warned)
     remote_tier: str | None = None
     disabled: bool = False
+    # A per-node path (placeholders, FA4CACHE_NODE_LOCAL=1, the node-local default): if
+    # another user squatted it, the private default is used instead (fa4cache.store.root).
+    node_local: bool = False
 
     def with_cache_dir(self, cache_dir: Path) -> Settings:
         return dataclasses.replace(self, cache_dir=cache_dir)
@@ -287,10 +320,17 @@ class Settings:
                 "shared base store instead: FA4CACHE_TRUSTED_UIDS=<uid>[,<uid>...] (root is always trusted)"
             )
         values = {s.field: s.read(env) for s in SETTINGS if s.field}
+        raw_dir = env.get(ENV_DIR) or ""
         if values["cache_dir"] is None:
             values["cache_dir"] = default_dir()
         if cache_dir is not None:
+            raw_dir = os.fspath(cache_dir)
             values["cache_dir"] = resolve_path(cache_dir, setting="cache_dir")
+        values["node_local"] = (
+            is_node_local_path(raw_dir)
+            or bool(setting("FA4CACHE_NODE_LOCAL", env))
+            or values["cache_dir"] == node_local_default()
+        )
         by_field = {s.field: s for s in SETTINGS if s.field}
         for name, value in overrides.items():
             decl = by_field.get(name)
@@ -298,6 +338,7 @@ class Settings:
                 raise ConfigError(f"unknown store option {name!r} (known: {', '.join(sorted(by_field))})")
             if name == "base_dirs" and not isinstance(value, str):
                 value = tuple(resolve_path(p, setting="base_dirs") for p in value)
+                _no_separator(value, setting="base_dirs")
             elif isinstance(value, str):
                 value = decl.parse(value, setting=name)
             values[name] = value
@@ -315,6 +356,8 @@ class Settings:
             if isinstance(v, bool):
                 text = "1" if v else "0"
             elif isinstance(v, tuple):
+                if s.field == "base_dirs":
+                    _no_separator(v, setting=s.name)
                 text = (os.pathsep if s.field == "base_dirs" else ",").join(map(str, v))
             elif isinstance(v, float):
                 text = repr(v)
@@ -324,12 +367,12 @@ class Settings:
         return env
 
     def job_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-        """:meth:`to_env` plus what every process of a job must share: FA4's own disk
-        cache off (it would store every kernel a second time) and the driver's value of
-        every other job setting (they change which kernels a rank asks for)."""
+        """:meth:`to_env` plus what every process of a job must share: FA4's and the CuTe
+        DSL's own disk caches off (:data:`DSL_CACHES_OFF`) and the driver's value of every
+        other job setting (they change which kernels a rank asks for)."""
         src = os.environ if environ is None else environ
         env = self.to_env()
-        env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = "0"
+        env.update(DSL_CACHES_OFF)
         for s in SETTINGS:
             if s.job and s.field is None and s.name in src:
                 s.read(src)  # a bad value fails here, in the driver, not on every worker

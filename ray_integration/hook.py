@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import BY_NAME, ENV_DIR, Settings, setting
+from fa4cache.settings import BY_NAME, DSL_CACHES_OFF, ENV_DIR, Settings, setting
 
 ENV_NODE_LOCAL = BY_NAME["FA4CACHE_NODE_LOCAL"].name
 ENV_CHAINED_HOOK = BY_NAME["FA4CACHE_CHAINED_SETUP_HOOK"].name
@@ -28,6 +28,8 @@ def setup() -> None:
 
     from fa4cache.store.fsinfo import is_network_fs, mount_for
 
+    for k, v in DSL_CACHES_OFF.items():  # before FA4 (and the DSL) are imported; a job's own value wins
+        os.environ.setdefault(k, v)
     settings = Settings.from_env()
     if setting(ENV_NODE_LOCAL) and is_network_fs(settings.cache_dir) and not _warned_network:
         _warned_network = True
@@ -40,16 +42,15 @@ def setup() -> None:
             fstype,
             mnt,
         )
+    # Like Store(): a squatted node-local path falls back to the private default, and a
+    # store that cannot be written (full disk, read-only) runs memory-only with a warning.
     store = install()
-    if not store.writable:
-        raise ConfigError(
-            f"{ENV_DIR}={store.root}: cache directory is not usable in this worker (see the warning above)"
-        )
-    # Workers and the driver resolve placeholders the same way; export the resolved path
-    # so subprocesses of this worker (compile pools) use the same directory.
-    os.environ[ENV_DIR] = str(store.root)
+    if store.writable:
+        # Workers and the driver resolve placeholders the same way; export the resolved path
+        # so subprocesses of this worker (compile pools) use the same directory.
+        os.environ[ENV_DIR] = str(store.root)
     bundle = setting("FA4CACHE_BUNDLE")
-    if bundle:
+    if bundle and store.writable:
         _import_bundle(store, bundle)
     chained = os.environ.get(ENV_CHAINED_HOOK)
     if chained:

@@ -208,14 +208,14 @@ def test_every_flag_setting_parses_the_same_words(monkeypatch: pytest.MonkeyPatc
 
 
 def test_readme_table_and_fa4cache_env_come_from_the_one_declaration(tmp_path: Path) -> None:
-    from fa4cache.settings import SETTINGS, markdown_table
+    from fa4cache.settings import DSL_CACHES_OFF, SETTINGS, markdown_table
 
     assert markdown_table() in (ROOT / "README.md").read_text()
     p = run_cli(tmp_path / "c", "env", env={"FA4CACHE_TRITON": "0", "FA4CACHE_MAX_SIZE": "2G"})
     assert p.returncode == 0, p.stderr
     out = dict(line.split("=", 1) for line in p.stdout.splitlines())
     assert out["FA4CACHE_TRITON"] == "0" and out["FA4CACHE_MAX_SIZE"] == str(2 << 30)
-    assert set(out) <= {s.name for s in SETTINGS} | {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"}
+    assert set(out) <= {s.name for s in SETTINGS} | set(DSL_CACHES_OFF)
     bad = run_cli(tmp_path / "c", "env", env={"FA4CACHE_TRITON": "maybe"})
     assert bad.returncode == 2 and "FA4CACHE_TRITON" in bad.stderr
 

@@ -40,13 +40,26 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return Settings.from_env(args.cache_dir)
 
 
+def store_settings(args: argparse.Namespace) -> Settings:
+    """The settings of the store that ``Store()`` and the Ray hook would use, fallback
+    included (a squatted node-local path: the private default, with the warning), its
+    directory checked from ``/`` down. Raises :class:`ConfigError` where there is none
+    yet, :class:`~fa4cache.errors.InsecurePath` where it would be refused."""
+    import logging
+
+    from fa4cache.store.root import resolve_root
+
+    s = settings_of(args)
+    root, exists = resolve_root(s, lambda tag, msg: logging.getLogger("fa4cache").warning(msg))
+    if not exists:
+        raise ConfigError(f"cache directory {root} does not exist (nothing cached yet?)")
+    return s.with_cache_dir(root)
+
+
 def open_store(args: argparse.Namespace) -> Any:
     from fa4cache.store.store import Store
 
-    s = settings_of(args)
-    if not s.cache_dir.exists():
-        raise ConfigError(f"cache directory {s.cache_dir} does not exist (nothing cached yet?)")
-    return Store(s)
+    return Store(store_settings(args))
 
 
 def safe_text(x: Any) -> str:

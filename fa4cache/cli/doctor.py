@@ -58,8 +58,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             line("info", "GPU", "none: kernels can still be cross-compiled (fa4cache warm)")
     except Exception as e:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
+    from fa4cache.errors import InsecurePath
+    from fa4cache.store.root import resolve_root
+
     s = settings_of(args)
-    line("ok", "cache directory", str(s.cache_dir))
+    usable = True
+    try:
+        # The store the workers would use (a squatted node-local path: the fallback).
+        root, _ = resolve_root(s, lambda tag, msg: None)
+        shown = str(root) if root == s.cache_dir else f"{root} (instead of {s.cache_dir}, not safe to use)"
+        line("ok", "cache directory", shown)
+        s = s.with_cache_dir(root)
+    except InsecurePath as e:
+        usable = False
+        line("FAIL", "cache directory", str(e))
     from fa4cache.adapters.flash_attn import expected_patches, job_toolchain
     from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
     from fa4cache.store.paths import Layout
@@ -103,7 +115,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
     mnt, fstype = mount_for(root)
     line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
-    if s.cache_dir.exists():
+    if usable and s.cache_dir.exists():  # never a lock probe in a directory that is not ours
         import stat as _stat
 
         st = os.lstat(s.cache_dir)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..settings import parse_duration, parse_size
-from .common import ago, human, open_store, plural, safe_text, settings_of
+from .common import ago, human, open_store, plural, safe_text, settings_of, store_settings
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +20,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from fa4cache.store import counters
     from fa4cache.store.stats import collect
 
-    s = settings_of(args)
     if args.zero:
-        if not s.cache_dir.exists():
-            raise ConfigError(f"cache directory {s.cache_dir} does not exist")
+        s = store_settings(args)  # the store the workers use, checked from / down
         counters.zero(s.cache_dir / "stats")
         if args.json:
             print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
         else:
             print(f"counters zeroed for {s.cache_dir}")
         return 0
+    try:
+        s = store_settings(args)
+    except ConfigError:  # no store yet: zeros
+        s = settings_of(args)
     counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
         try:
@@ -269,16 +271,23 @@ def _report_unremoved(rep: Any) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     from fa4cache.store.maintenance import clear
 
+    asked = settings_of(args).cache_dir
     store = open_store(args)
     if args.dry_run:
         return _report_dry_run(clear(store, everything=args.all, dry_run=True), store)
+    what = f"every entry{' and all counters' if args.all else ''} in {store.root}"
+    if store.root != asked:  # a squatted node-local path: the store the workers use instead
+        what += f" (the store used instead of {asked}, which is not safe to use)"
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ConfigError("refusing to clear without a terminal to confirm; pass --yes (or --dry-run)")
-        answer = input(f"Remove every entry{' and all counters' if args.all else ''} in {store.root}? [y/N] ")
+            raise ConfigError(
+                f"refusing to remove {what} without a terminal to confirm; pass --yes (or --dry-run)"
+            )
+        answer = input(f"Remove {what}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
+    print(f"removing {what}")
     rep = clear(store, everything=args.all)
     print(f"removed {plural(len(rep.removed), 'entry')} from {store.root}")
     return _report_unremoved(rep)

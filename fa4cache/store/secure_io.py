@@ -8,9 +8,15 @@ A store entry is code that runs inside the training process, so the rules are st
   bytes that are checked are the bytes that are used;
 * directories are trusted when they and every directory above them are owned by
   root or a trusted uid and not writable by others (or sticky, like ``/tmp``);
+* directories are walked from ``/`` one component at a time, each opened with
+  ``O_NOFOLLOW | O_DIRECTORY`` relative to the one above and checked on its descriptor
+  before the next is looked up or created (:func:`open_dir`): no check is ever of a
+  different directory than the one used next;
 * directories are created 0700 whatever the umask; files are written 0600 through a
   temp file, ``fsync`` and ``rename``, so a reader sees the old file or the new one,
-  never a torn write, whatever kills the writer.
+  never a torn write, whatever kills the writer;
+* a loader that wants a path gets ``/proc/self/fd/N`` of a sealed in-memory file
+  (:func:`loadable_path`): there is no directory entry anyone could swap.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fa4cache.errors import InsecurePath
@@ -32,6 +39,10 @@ _HOST = socket.gethostname()
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+# A directory descriptor to walk from and open relative to. O_PATH needs no read
+# permission (a parent may be 0711) and never follows the last component with O_NOFOLLOW.
+DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | NOFOLLOW | CLOEXEC
+_MAX_LINKS = 40  # symlinks followed in one walk, as the kernel allows
 
 
 class NotRegularFile(ValueError):
@@ -74,65 +85,124 @@ def dir_problem(path: Path, *, trusted: frozenset[int], what: str) -> str | None
     return why
 
 
-def check_chain(path: Path, *, trusted: frozenset[int] | None = None) -> None:
-    """Raise :class:`InsecurePath` unless every existing directory from ``/`` down to
-    ``path`` (symlinks resolved, each link itself checked too) is one that only
-    trusted owners can change. Without this, whoever can write a parent directory
-    can swap the store for a tree of their own between two reads."""
+def open_dir(
+    path: Path | str,
+    *,
+    trusted: frozenset[int] | None = None,
+    leaf: frozenset[int] | None = None,
+    create: bool = False,
+    what: str = "directory",
+) -> int:
+    """A descriptor (``O_PATH``) of directory ``path``, reached from ``/`` one component at
+    a time: each opened ``O_NOFOLLOW | O_DIRECTORY`` relative to the one above and checked
+    on its descriptor (owned by a ``trusted`` uid, default you and root; not writable by
+    others unless sticky) before the next one is looked up. A symlink on the way is
+    followed only if a trusted uid owns it, and its target is walked the same way. With
+    ``create``, a missing component is made 0700 (whatever the umask) in the directory
+    just checked, then opened and checked like the others: whoever creates a name first,
+    the walk uses the directory it checked. ``leaf`` (default ``trusted``) are the owners
+    allowed for ``path`` itself. The caller closes the descriptor.
+
+    Raises :class:`InsecurePath`, FileNotFoundError (a missing component without
+    ``create``) or OSError.
+    """
     trusted = owners() if trusted is None else trusted
-    for chain in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
-        d = Path(chain.anchor)
-        for part in chain.parts[1:]:
-            d = d / part
+    leaf = trusted if leaf is None else leaf
+    full = Path(os.path.abspath(path))
+    todo = list(full.parts[1:])
+    fd = os.open("/", DIR_FLAGS)
+    here = Path("/")
+    links = 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            last = not todo
+            if name in ("", "."):
+                continue
             try:
-                st = os.lstat(d)
+                nfd = os.open(name, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
-                break
-            if stat.S_ISLNK(st.st_mode):
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    # The umask may have removed owner bits; never adds others. By name in
+                    # the directory just checked: no one else can rename our entry there.
+                    os.chmod(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    nfd = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    raise InsecurePath(f"{what} {here / name} is a symlink or not a directory") from None
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):  # a file in the way: unusable, not a link to follow
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(here / name)) from None
+                if last:
+                    raise InsecurePath(f"{what} {here / name} is a symlink") from None
                 if st.st_uid not in trusted:
-                    raise InsecurePath(f"{d} is a symlink owned by uid {st.st_uid}")
-                continue  # the link's own directory was checked; its target is checked by realpath
-            why = problem(st, d, trusted=trusted, what="directory")
+                    raise InsecurePath(f"{here / name} is a symlink owned by uid {st.st_uid}") from None
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links", str(full)) from None
+                target = os.readlink(name, dir_fd=fd)
+                parts = list(Path(target).parts)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd, here = -1, Path("/")
+                    fd = os.open("/", DIR_FLAGS)
+                    parts = parts[1:]
+                todo = parts + todo
+                continue
+            os.close(fd)
+            fd = nfd
+            here = Path(os.path.normpath(here / name))
+            why = problem(
+                os.fstat(fd), here, trusted=leaf if last else trusted, what=what if last else "directory"
+            )
             if why:
                 raise InsecurePath(
                     f"{why}: another user could swap the cache under it. Use a directory that only "
                     f"you can change (e.g. FA4CACHE_DIR=~/.cache/fa4cache), or fix its permissions"
                 )
+        opened, fd = fd, -1
+        return opened
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def makedirs_private(path: Path) -> Path:
-    """Create ``path`` and any missing parents 0700 (whatever the umask), then check it:
-    a real directory, ours, not writable by others."""
-    missing = []
-    p = Path(path)
-    while not os.path.lexists(p):
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o700)  # the umask may have removed owner bits; never adds others
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        raise InsecurePath(f"cache path {path} exists and is not a directory")
-    why = problem(st, path, trusted=only_me(), what="cache directory")
-    if why:
-        raise InsecurePath(why)
+    """Create ``path`` and any missing parents 0700 (whatever the umask), each checked
+    before the next is made (:func:`open_dir`); ``path`` itself must be a real directory
+    of ours, not writable by others."""
+    os.close(open_dir(path, leaf=only_me(), create=True, what="cache directory"))
     return path
 
 
-def read_checked(path: Path, *, max_bytes: int, trusted: frozenset[int], what: str = "file") -> bytes:
-    """Open once (no-follow, non-blocking), check the descriptor, read from it.
+def read_checked(
+    path: Path | str,
+    *,
+    max_bytes: int,
+    trusted: frozenset[int],
+    what: str = "file",
+    dir_fd: int | None = None,
+) -> bytes:
+    """Open once (no-follow, non-blocking), check the descriptor, read from it. With
+    ``dir_fd``, the file is ``path``'s last component in that directory (the whole
+    ``path`` is what messages show).
 
     Raises FileNotFoundError, :class:`InsecurePath` (symlink, untrusted owner, writable
     by others), :class:`NotRegularFile`, ValueError (over ``max_bytes``) or OSError.
     """
+    name = path if dir_fd is None else os.path.basename(path)
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise InsecurePath(f"{what} {path} is a symlink") from None
@@ -201,21 +271,51 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def private_copy(data: bytes, name: str) -> Path:
-    """``data`` in a fresh 0700 directory of our own: what a loader that takes a path
-    gets, so that it loads the verified bytes whatever happens to the store's path."""
-    d = tempfile.mkdtemp(prefix="fa4cache-load-")
-    p = Path(d) / name
-    atomic_write(p, data, durable=False)
-    return p
-
-
-def remove_private_copy(path: Path) -> None:
-    unlink_quiet(path)
+@contextmanager
+def loadable_path(data: bytes, name: str) -> Iterator[str]:
+    """A path naming exactly ``data``, for a loader that takes a path, valid inside the
+    ``with``: ``/proc/self/fd/N`` of a sealed ``memfd`` (no directory entry that anyone
+    could swap, no file another user could open). Without ``memfd_create`` or ``/proc``,
+    a file in a fresh 0700 directory made by :func:`open_dir` under the temp directory,
+    whose chain is checked like the store's (a ``$TMPDIR`` that others can write, not
+    sticky, is refused: :class:`InsecurePath`)."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        flags = getattr(os, "MFD_CLOEXEC", 0) | getattr(os, "MFD_ALLOW_SEALING", 0)
+        fd = os.memfd_create(name, flags)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            _seal(fd)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    d = Path(tempfile.gettempdir()) / f"fa4cache-load-{os.getpid()}-{secrets.token_hex(8)}"
+    os.close(open_dir(d, leaf=only_me(), create=True))
+    p = d / name
     try:
-        os.rmdir(path.parent)
-    except OSError:
-        pass
+        atomic_write(p, data, durable=False)
+        yield str(p)
+    finally:
+        unlink_quiet(p)
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def _seal(fd: int) -> None:
+    # Nothing in this process can change the bytes once the loader may read them.
+    import fcntl
+
+    add = getattr(fcntl, "F_ADD_SEALS", None)
+    seals = sum(getattr(fcntl, n, 0) for n in ("F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE"))
+    if add is not None:
+        try:
+            fcntl.fcntl(fd, add, seals)
+        except OSError:
+            pass
 
 
 def unlink_quiet(path: Path) -> None:
@@ -226,10 +326,11 @@ def unlink_quiet(path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
+    """Whether a process with this pid exists on this host (a number no pid can be, e.g.
+    from a damaged file name, is not alive)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError, ValueError):
         return False
     except PermissionError:
         return True

@@ -11,7 +11,11 @@ verified bytes for it?" (:meth:`Tier.get`) and, for tiers that accept them, "kee
   to the local directory before they load.
 
 Every tier hands back the same :class:`Artifact`: bytes read from one descriptor and
-checked against their sidecar, so what loads is what was verified.
+checked against their sidecar, so what loads is what was verified. A directory tier holds
+a descriptor of its root, opened by a checked walk from ``/`` (:func:`~.secure_io.open_dir`);
+each lookup opens ``v2/<toolchain>/<kind>`` and then the entry's files relative to it,
+one ``O_NOFOLLOW`` component at a time, checking each descriptor: the directories checked
+are the directories read, whatever is renamed or linked over their paths meanwhile.
 
 A remote tier may also coordinate compiles across machines; the store calls these when
 present: ``acquire(digest, wait) -> bool`` once it holds the key's node lock (True: this
@@ -21,6 +25,7 @@ process compiles, holding a cluster lease), ``release(digest)`` with that lock, 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -34,7 +39,17 @@ from fa4cache.errors import InsecurePath
 from .counters import Counters
 from .locks import KeyLocks, release
 from .paths import LAYOUT, EntryRef, Layout
-from .secure_io import NotRegularFile, atomic_write, dir_problem, only_me, read_checked, unlink_quiet
+from .secure_io import (
+    DIR_FLAGS,
+    NotRegularFile,
+    atomic_write,
+    only_me,
+    open_dir,
+    owners,
+    problem,
+    read_checked,
+    unlink_quiet,
+)
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
 
 log = logging.getLogger(__name__)
@@ -69,19 +84,30 @@ class Tier(Protocol):
         ...
 
 
-def read_entry(layout: Layout, ref: EntryRef, trusted: frozenset[int], *, tier: str) -> Artifact:
+def read_entry(
+    layout: Layout, ref: EntryRef, trusted: frozenset[int], *, tier: str, dir_fd: int | None = None
+) -> Artifact:
     """The entry's sidecar and artifact, each read from one descriptor and checked against
-    each other. Raises FileNotFoundError (a miss), InsecurePath, :class:`Integrity` or OSError."""
+    each other (opened relative to ``dir_fd``, the kind directory, when given). Raises
+    FileNotFoundError (a miss), InsecurePath, :class:`Integrity` or OSError."""
     try:
         side_bytes = read_checked(
-            layout.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=trusted, what="sidecar"
+            layout.sidecar_path(ref),
+            max_bytes=MAX_SIDECAR_BYTES,
+            trusted=trusted,
+            what="sidecar",
+            dir_fd=dir_fd,
         )
         sidecar = Sidecar.parse(side_bytes, ref)
         if sidecar is None:
             raise Integrity("malformed sidecar")
         try:
             data = read_checked(
-                layout.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=trusted, what="artifact"
+                layout.object_path(ref),
+                max_bytes=MAX_ARTIFACT_BYTES,
+                trusted=trusted,
+                what="artifact",
+                dir_fd=dir_fd,
             )
         except FileNotFoundError:
             raise Integrity("sidecar without artifact") from None
@@ -102,21 +128,58 @@ class _DirTier:
         self.layout = Layout(root)
         self.trusted = trusted
         self._report = report  # (tag, counter, message): the store counts and warns once
+        self._root_fd: int | None = None
+        try:
+            # Parents: you, root and the tier's trusted owners; the root itself: the tier's owners.
+            self._root_fd = open_dir(root, trusted=owners(trusted), leaf=trusted, what="store directory")
+        except (OSError, InsecurePath) as e:  # checked by the store just before: only a race gets here
+            report(f"root:{root}", "", f"fa4cache: cannot open {root} ({e}); not reading from it")
 
-    def _dirs_trusted(self, ref: EntryRef) -> bool:
-        """Whether the entry's directories exist and are trusted. Checked on every lookup
-        (a few ``lstat``s): a directory swapped for a link after a first load is caught."""
+    def __del__(self) -> None:
+        fd, self._root_fd = getattr(self, "_root_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def _open_kind_dir(self, ref: EntryRef) -> int | None:
+        """A descriptor of the entry's kind directory, each of ``v2/<toolchain>/<kind>``
+        opened relative to the one above (never following a link) and checked on its
+        descriptor; None on a miss or an untrusted directory (refused)."""
+        if self._root_fd is None:
+            return None
         d = self.root
-        for part in (LAYOUT, ref.toolchain, ref.kind):
-            d = d / part
-            try:
-                why = dir_problem(d, trusted=self.trusted, what="directory")
-            except OSError:  # missing (or unreadable): a miss
-                return False
-            if why:
-                self.refuse(ref, why)
-                return False
-        return True
+        fd = self._root_fd
+        try:
+            for part in (LAYOUT, ref.toolchain, ref.kind):
+                d = d / part
+                try:
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        self.refuse(ref, f"directory {d} is a symlink or not a directory")
+                    return None  # missing (or unreadable): a miss
+                if fd != self._root_fd:
+                    os.close(fd)
+                fd = nfd
+                why = problem(os.fstat(fd), d, trusted=self.trusted, what="directory")
+                if why:
+                    self.refuse(ref, why)
+                    return None
+            opened, fd = fd, -1
+            return opened
+        finally:
+            if fd not in (-1, self._root_fd):
+                os.close(fd)
+
+    def _read(self, ref: EntryRef) -> Artifact:
+        """:func:`read_entry` through held directory descriptors. Raises FileNotFoundError
+        for a miss (an untrusted directory is refused, then a miss)."""
+        kind_fd = self._open_kind_dir(ref)
+        if kind_fd is None:
+            raise FileNotFoundError(ref.digest)
+        try:
+            return read_entry(self.layout, ref, self.trusted, tier=self.name, dir_fd=kind_fd)
+        finally:
+            os.close(kind_fd)
 
     def refuse(self, ref: EntryRef, why: str) -> None:
         self._report(
@@ -126,10 +189,8 @@ class _DirTier:
         )
 
     def get(self, ref: EntryRef) -> Artifact | None:
-        if not self._dirs_trusted(ref):
-            return None
         try:
-            return read_entry(self.layout, ref, self.trusted, tier=self.name)
+            return self._read(ref)
         except FileNotFoundError:
             return None
         except InsecurePath as e:
@@ -199,7 +260,7 @@ class LocalDir(_DirTier):
             return None  # being republished (or unlockable): a miss, not a verdict
         try:
             try:
-                return read_entry(self.layout, ref, self.trusted, tier=self.name)
+                return self._read(ref)
             except FileNotFoundError:
                 return None
             except Integrity as e:

@@ -372,8 +372,8 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
     for p in [base, *base.rglob("*")]:
         os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     local = tmp_path / "local"
-    # Not trusted: another user's store is refused.
-    r = _one_geometry(local, FA4CACHE_BASE_DIRS=str(base), FA4CACHE_INSECURE="warn")
+    # Not trusted: another user's store is ignored with a warning, under the default policy.
+    r = _one_geometry(local, FA4CACHE_BASE_DIRS=str(base))
     assert r["disk_hits"] == 0 and r["compiles"] == 4
     # Trusted explicitly: kernels come from the base; nothing is written there.
     local2 = tmp_path / "local2"
@@ -383,7 +383,7 @@ def test_layered_read_only_base_store(doc_store: dict[str, Any], tmp_path: Path,
     assert sorted(str(p) for p in base.rglob("*")) == before
     record(
         "layered store, base owned by another user",
-        "FA4CACHE_BASE_DIRS without trust",
+        "FA4CACHE_BASE_DIRS without trust, default FA4CACHE_INSECURE",
         "base ignored with a warning; compiled locally",
     )
     record(
