@@ -52,7 +52,7 @@ from fa4cache.store.paths import EntryRef
 from fa4cache.store.store import Store
 
 from .compile_cache import StoreCompileCache
-from .flash_attn import Installation
+from .installation import Installation
 
 log = logging.getLogger(__name__)
 

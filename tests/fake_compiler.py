@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.adapters.compile_cache import StoreCompileCache, guard
-from fa4cache.adapters.flash_attn import Installation
+from fa4cache.adapters.installation import Installation
 
 from fa4cache.fingerprint import Toolchain
 from fa4cache.store.store import Artifact, Store

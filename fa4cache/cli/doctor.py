@@ -72,7 +72,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except InsecurePath as e:
         usable = False
         line("FAIL", "cache directory", str(e))
-    from fa4cache.adapters.flash_attn import expected_patches, job_toolchain
+    from fa4cache.adapters.flash_attn import expected_patches
+    from fa4cache.adapters.installation import job_toolchain
     from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
     from fa4cache.store.paths import Layout
 
