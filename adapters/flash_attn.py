@@ -35,7 +35,7 @@ from fa4cache.secure_io import unlink_quiet
 from fa4cache.settings import Settings, setting
 from fa4cache.store import Artifact, Store
 
-from . import cross_compile, fa4_interval_masking, mask_tiles
+from . import compile_ahead, cross_compile, fa4_interval_masking, mask_tiles
 from .artifacts import export, load_callable, summary
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 
@@ -163,6 +163,8 @@ def _patch_module(inst: Installation, module: types.ModuleType) -> int:
         patched = guard(obj, cache)
         if module.__name__ == INTERFACE and name in mask_tiles.ENTRY_POINTS:
             patched = mask_tiles.wrap(patched)
+            if name == "_flash_attn_fwd":
+                patched = compile_ahead.wrap_forward(patched)
         setattr(module, name, patched)
         inst.patches.append(_Patch(module, name, obj, original, cache))
         n += 1

@@ -46,7 +46,7 @@ from typing import Any
 
 import fa4cache
 
-from . import packed_attention, step_mask
+from . import compile_ahead, packed_attention, step_mask
 from .step_mask import set_max_documents
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
 
     set_max_documents(max_documents)
     fa4cache.install()
+    compile_ahead.watch_model_loads()
     packed_attention.op()
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)

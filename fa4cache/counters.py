@@ -45,6 +45,8 @@ FIELDS = (
     "publish_errors",
     "evictions",
     "load_errors",
+    "ahead_compiles",  # compiled by a background worker before a step asked (compile-ahead)
+    "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"
