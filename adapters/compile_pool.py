@@ -4,8 +4,10 @@ Workers (:mod:`.compile_worker`) cross-compile on the CPU: they start with
 ``CUDA_VISIBLE_DEVICES=""`` and the target arch and SM count of the kernels the parent
 runs, so they never hold a GPU and their kernels carry the parent's toolchain. They
 die with the parent (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog in the worker);
-on a normal exit the parent closes idle workers and lets busy ones finish their kernel
-(a kernel half-compiled is a kernel lost).
+on a normal exit the parent ends idle workers and lets busy ones finish their kernels
+(a kernel half-compiled is a kernel lost). ``PR_SET_PDEATHSIG`` fires when the *thread*
+that started the worker ends, so workers are started from the thread calling FA4 (the
+watchdog covers the rest).
 """
 
 from __future__ import annotations
@@ -79,8 +81,11 @@ class Worker:
         full["CUDA_VISIBLE_DEVICES"] = ""  # GPU-blind: never a CUDA context in a worker
         full["FA4CACHE_COMPILE_AHEAD"] = "0"  # a worker compiles what it is told, nothing ahead
         full[PARENT_ENV] = str(os.getpid())
+        # -P: the working directory is not put on sys.path (a source checkout there would
+        # shadow the installed package, whose fa4cache.adapters lives elsewhere).
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fa4cache.adapters.compile_worker"],
+            [sys.executable, *safe_path, "-m", "fa4cache.adapters.compile_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -172,13 +177,17 @@ def start(n: int, env: dict[str, str], **kw: Any) -> list[Worker]:
 
 @atexit.register
 def _reap() -> None:
-    # Busy workers finish their kernel (it lands in the store for the next process);
-    # idle ones end at once.
+    # Busy workers finish their kernel (it lands in the store for the next process); idle
+    # ones (a standby still importing FA4, say) end at once: an exit never waits on them.
     with _live_lock:
         workers = list(_live)
+    busy = [w for w in workers if w.busy > 0]
     for w in workers:
-        w.close(wait=False)
-    for w in workers:
+        if w in busy:
+            w.close(wait=False)
+        else:
+            w.kill()
+    for w in busy:
         try:
             w.proc.wait()
         except KeyboardInterrupt:

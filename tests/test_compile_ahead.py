@@ -159,3 +159,51 @@ def test_warm_jobs_spread_the_kernels_of_one_spec(tmp_path: Path) -> None:
     again = run_cli(cache, "warm", "--hf-config", str(cfg), "-j", "2")
     row = next(ln for ln in again.stdout.splitlines() if ln.startswith("bf16"))
     assert list(map(int, row.split()[-4:-2])) == [0, 5], again.stdout
+
+
+def test_model_load_starts_the_model_kernel_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``register()`` then building a model for ``attn_implementation="fa4cache"`` starts the
+    kernel set ``warm --hf-config`` lists for its config, in real background workers."""
+    pytest.importorskip("transformers")
+    import logging
+
+    from fa4cache.adapters import compile_ahead, compile_pool
+    from fa4cache.adapters import transformers as fa4t
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import fa4cache
+    from fa4cache.model_config import specs_for
+
+    monkeypatch.setenv("FA4CACHE_COMPILE_AHEAD", "1")
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "cache"))
+    rng = random.Random(SEED)
+    heads_kv = rng.choice([1, 2, 4])
+    cfg = LlamaConfig(
+        hidden_size=512, num_attention_heads=4, num_key_value_heads=heads_kv, num_hidden_layers=1,
+        intermediate_size=64, vocab_size=64,
+    )  # fmt: skip
+    started: list[list[Any]] = []
+    real = compile_ahead.start_model_set
+    monkeypatch.setattr(compile_ahead, "start_model_set", lambda specs: started.append(specs) or real(specs))
+    with compile_pool._live_lock:
+        before = set(compile_pool._live)
+    try:
+        fa4t.register()
+        with caplog.at_level(logging.INFO, logger="fa4cache.adapters.compile_ahead"):
+            AutoModelForCausalLM.from_config(cfg, attn_implementation="fa4cache")
+        with compile_pool._live_lock:
+            workers = set(compile_pool._live) - before
+        # post_init runs for the inner model and the wrapper: one start, one log line
+        assert started and all(s == specs_for(cfg.to_dict()) for s in started), f"seed {SEED}: {heads_kv}"
+        assert workers and all(w.proc.poll() is None for w in workers)
+        lines = [r.getMessage() for r in caplog.records if "kernel set of" in r.getMessage()]
+        assert len(lines) == 1 and f"bf16 d128 h4:{heads_kv} document varlen +bwd" in lines[0]
+        n = len(started)
+        AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")  # not ours: nothing starts
+        assert len(started) == n
+    finally:
+        for w in set(compile_pool._live) - before:
+            w.kill()  # the kernels themselves are another test's business
+        fa4cache.uninstall()
