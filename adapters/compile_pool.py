@@ -192,3 +192,55 @@ def _reap() -> None:
             w.proc.wait()
         except KeyboardInterrupt:
             w.kill()
+
+
+def can_fork() -> bool:
+    """Whether workers may be forked from this process (sharing its imports): Linux, and no
+    GPU here, so no CUDA state a child could inherit half-made."""
+    from .cross_compile import gpu_present
+
+    return sys.platform.startswith("linux") and not gpu_present()
+
+
+def fork_run(task: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Run ``task`` in ``n`` children forked from this process, which has installed the store
+    and imported FA4 (a child starts compiling at once and costs no second import); their
+    results, in order. A child dies with this process like a spawned worker."""
+    from fa4cache import counters, runtime
+
+    from . import compile_worker
+
+    parent = os.getpid()
+    children: list[tuple[int, int]] = []
+    for _ in range(n):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 0
+            try:
+                os.close(r)
+                os.environ[PARENT_ENV] = str(parent)
+                os.environ["FA4CACHE_COMPILE_AHEAD"] = "0"
+                compile_worker.die_with_parent()
+                store = runtime.installed_store()
+                if store is not None:  # counters are per process: the parent's would not persist here
+                    store.counters = counters.Counters(store.layout.stats_dir if store.writable else None)
+                out = compile_worker.run_task(task)
+            except BaseException as e:
+                out, code = {"error": f"{type(e).__name__}: {e}", "jobs": []}, 1
+            try:
+                os.write(w, json.dumps(out).encode())
+            finally:
+                os._exit(code)
+        os.close(w)
+        children.append((pid, r))
+    results = []
+    for pid, r in children:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            results.append(json.loads(data))
+        except ValueError:
+            results.append({"error": f"compile worker {pid} ended without a result ({status})", "jobs": []})
+    return results

@@ -29,13 +29,23 @@ def default_jobs(specs: list[KernelSpec]) -> int:
 def warm_parallel(specs: list[KernelSpec], jobs: int, cache_dir: str) -> list[dict[str, Any]]:
     """One result per spec, as ``warm`` reports them (``compiles``, ``present``,
     ``seconds``: compile seconds of its kernels, summed, ``error``)."""
+    task = {"jobs": [SpecJob(s.to_dict()) for s in specs], "targets": None, "wait": True, "ahead": False}
+    t0 = time.perf_counter()
+    if compile_pool.can_fork():
+        # No GPU here: fork the workers from this process once it has imported FA4, so the
+        # import is paid once (on a busy CPU that import is a large share of the work).
+        from .compile_ahead import off
+        from .flash_attn import install
+
+        install(cache_dir)
+        with off():
+            import flash_attn.cute.interface  # noqa: F401
+        return merge(specs, compile_pool.fork_run(task, jobs), time.perf_counter() - t0)
     env = compile_pool.target_env()
     if env is None:
         raise RuntimeError("warm: no target arch (set_cross_compile_env first)")
     env["FA4CACHE_DIR"] = cache_dir
-    task = {"jobs": [SpecJob(s.to_dict()) for s in specs], "targets": None, "wait": True, "ahead": False}
     workers = compile_pool.start(jobs, env)
-    t0 = time.perf_counter()
     results = []
     try:
         for w in workers:
