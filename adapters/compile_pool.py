@@ -219,6 +219,7 @@ def fork_run(task: dict[str, Any], n: int) -> list[dict[str, Any]]:
             code = 0
             try:
                 os.close(r)
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (progress lines are for a pipe, not the CLI's output)
                 os.environ[PARENT_ENV] = str(parent)
                 os.environ["FA4CACHE_COMPILE_AHEAD"] = "0"
                 compile_worker.die_with_parent()
