@@ -44,6 +44,29 @@ class Installation(Protocol):
 
 log = logging.getLogger(__name__)
 _tl = threading.local()
+# Called on the miss path only (never on a memory hit) as hook(event, cache, key, ref, waited):
+# "waiting" before blocking on another process's lock, "compiling" when this process will
+# compile, "loaded" when the store had it (waited: seconds since the miss). Compile-ahead
+# (.compile_ahead) listens here.
+miss_hooks: list[Callable[[str, StoreCompileCache, Any, EntryRef, float], None]] = []
+
+
+def _notify(event: str, cache: StoreCompileCache, key: Any, ref: EntryRef, waited: float = 0.0) -> None:
+    for hook in list(miss_hooks):
+        try:
+            hook(event, cache, key, ref, waited)
+        except Exception as e:  # a helper's trouble must never fail the kernel call
+            log.debug("fa4cache: miss hook failed: %s", e)
+
+
+def select(selector: Callable[[StoreCompileCache, Any], bool] | None) -> Any:
+    """Set this thread's selector (returns the previous one): for a key not in memory,
+    ``selector(cache, key)`` answers ``key in cache`` instead of the miss path. Under
+    ``FakeTensorMode`` FA4 never calls a kernel, so answering True skips its compile: this
+    is how a kernel set is listed, and one kernel of it compiled alone (.kernel_set)."""
+    prev = getattr(_tl, "select", None)
+    _tl.select = selector
+    return prev
 
 
 def kind_for(entry_point: str) -> str:
@@ -77,6 +100,9 @@ class StoreCompileCache:
         if key in self.cache:
             self.memory_hits += 1
             return True
+        sel = getattr(_tl, "select", None)
+        if sel is not None:
+            return sel(self, key)
         return self._miss(key)
 
     def __getitem__(self, key: Any) -> Any:
@@ -114,22 +140,34 @@ class StoreCompileCache:
             self._inst.store.counters.add_memory_hits(self.kind, n)
 
     # -- miss path ------------------------------------------------------------------
-    def _miss(self, key: Any) -> bool:
-        inst = self._inst
-        store = inst.store
+    def ref(self, key: Any) -> EntryRef:
+        tc = self._inst.toolchain().id
+        return EntryRef(tc, self.kind, key_digest(tc, self.kind, encode_key(key)))
+
+    def _miss(self, key: Any, held: Any = None) -> bool:
+        """``held``: the key's lock, already taken by the caller (a claimed kernel)."""
+        store = self._inst.store
         encoded = encode_key(key)
-        ref = EntryRef(inst.toolchain().id, self.kind, key_digest(inst.toolchain().id, self.kind, encoded))
+        ref = self.ref(key)
+        t0 = time.perf_counter()
         if self._try_load(key, ref, remote=False):
+            release(held)
+            _notify("loaded", self, key, ref)
             return True
-        lock = store.acquire(ref.digest)
+        lock = held
+        if lock is None:
+            _notify("waiting", self, key, ref)
+            lock = store.acquire(ref.digest)
         if (lock is not None or store.remote is not None) and self._try_load(key, ref):
             # Another process compiled it while we waited (or another node has it).
             release(lock)
+            _notify("loaded", self, key, ref, time.perf_counter() - t0)
             return True
         store.counters.add("misses")
         nearmiss.report(store, ref, encoded)  # "shipped but never hit": which key fields differ
         self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
         _remember_pending(self, key)
+        _notify("compiling", self, key, ref)
         return False
 
     def _try_load(self, key: Any, ref: EntryRef, *, remote: bool = True) -> bool:

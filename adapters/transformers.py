@@ -48,6 +48,8 @@ import fa4cache
 from fa4cache.ops import packed_attention, step_mask
 from fa4cache.ops.step_mask import set_max_documents
 
+from . import compile_ahead
+
 log = logging.getLogger(__name__)
 
 NAME = "fa4cache"
@@ -70,6 +72,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
 
     set_max_documents(max_documents)
     fa4cache.install()
+    compile_ahead.watch_model_loads()
     packed_attention.op()
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)

@@ -169,6 +169,7 @@ def compile_spec(spec: KernelSpec) -> None:
 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
     """Compile ``specs`` into the store in this process; returns one result per spec."""
+    from .compile_ahead import off
     from .flash_attn import fold_all_hits, install
 
     if specs:
@@ -182,7 +183,8 @@ def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResu
         t0 = time.perf_counter()
         err = None
         try:
-            compile_spec(spec)
+            with off():  # warm compiles the whole set itself
+                compile_spec(spec)
         except Exception as e:  # one bad spec must not stop the others
             err = f"{type(e).__name__}: {e}"
             log.warning("fa4cache warm: %s failed: %s", spec.label(), err)

@@ -9,6 +9,7 @@
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
+#   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -65,6 +66,9 @@ if has transformers; then
     # shellcheck disable=SC2086
     timeout 560 python3 benchmarks/bench_transformers.py $args 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
   done
+fi
+if has cold; then
+  timeout 290 python3 benchmarks/bench_cold_start.py --gpu 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"

@@ -178,6 +178,9 @@ SETTINGS: tuple[Setting, ...] = (
             "`worker_process_setup_hook` (`module.function`), run after fa4cache's", job=False),
     Setting("FA4CACHE_INTERVAL_MASKING", parse_flag, True, "`0`: built-in masks use FA4's per-score "
             "`mask_mod` path for partial tiles instead of per-row R2P masks (slower; for comparison)"),
+    Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
+            "starts its backward kernels in CPU worker processes; a transformers model starts its "
+            "kernel set at load)"),
     Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata with PyTorch ops "
             "instead of the fused Triton kernels"),
 )  # fmt: skip

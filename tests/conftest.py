@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90")
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+# Background compile workers would add compiles (and CPU load) to every test that counts
+# them; the compile-ahead tests turn it on where they test it.
+os.environ.setdefault("FA4CACHE_COMPILE_AHEAD", "0")
 # One base seed per run, drawn here so that xdist workers (which inherit the environment)
 # share it; printed in the header so that any run can be replayed.
 os.environ.setdefault("FA4CACHE_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 30)))

@@ -116,7 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile every spec recorded in the store (e.g. after an upgrade)",
     )
-    s.add_argument("-j", "--jobs", type=int, default=1, help="compile this many specs in parallel processes")
+    s.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        help="worker processes, each compiling one kernel at a time "
+        "(default: as many as CPU cores and kernels; 1: in this process)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)

@@ -54,6 +54,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
             "Compile time saved",
             f"{st['compile_seconds_saved']:.1f} s  (disk hits x mean compile time of their kind)",
         ),
+        (
+            "Compiled ahead",
+            f"{st['ahead_compiles']}  ({st['ahead_saved_seconds']:.1f} s kept off the critical path)",
+        ),
         ("Load time", f"{st['load_seconds']:.3f} s"),
         ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
         ("Refused (insecure)", str(st["insecure"])),

@@ -163,27 +163,16 @@ def cmd_warm(args: argparse.Namespace) -> int:
             sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{len(specs)} {spec.label()[:40]:<40}")
             sys.stderr.flush()
 
-    if args.jobs > 1 and len(specs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    from ..adapters.warm_parallel import default_jobs, warm_parallel
 
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as ex:
-            futs = {ex.submit(_warm_worker, s.to_dict(), cache_dir): s for s in specs}
-            for i, f in enumerate(as_completed(futs), 1):
-                s = futs[f]
-                try:
-                    r = f.result()
-                except Exception as e:
-                    r = {
-                        "compiles": 0,
-                        "present": 0,
-                        "seconds": 0.0,
-                        "compile_seconds": 0.0,
-                        "error": f"{type(e).__name__}: {e}",
-                    }
-                results.append((s, r))
-                report(i, s, r)
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"-j/--jobs: expected a positive number of workers, got {args.jobs}")
+    jobs = args.jobs if args.jobs is not None else default_jobs(specs)
+    if jobs > 1:
+        # Every kernel of every spec is one unit of work: -j spreads the kernels of one spec too.
+        for i, (s, r) in enumerate(zip(specs, warm_parallel(specs, jobs, cache_dir)), 1):
+            results.append((s, r))
+            report(i, s, r)
     else:
         for i, s in enumerate(specs, 1):
             r = _warm_worker(s.to_dict(), cache_dir)

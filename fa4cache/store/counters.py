@@ -51,6 +51,8 @@ FIELDS = (
     "remote_hits",
     "remote_seconds",
     "served",
+    "ahead_compiles",  # compiled by a background worker before a step asked (compile-ahead)
+    "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"

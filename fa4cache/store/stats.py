@@ -85,6 +85,8 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "compile_seconds": round(c["compile_seconds"], 3),
         "compile_seconds_saved": round(saved, 3),
         "load_seconds": round(c["load_seconds"], 3),
+        "ahead_compiles": int(c["ahead_compiles"]),
+        "ahead_saved_seconds": round(c["ahead_saved_seconds"], 3),
         "corrupt": int(c["corrupt"]),
         "quarantined": _quarantined(layout),
         "load_errors": int(c["load_errors"]),

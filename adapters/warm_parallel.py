@@ -1,0 +1,87 @@
+"""``fa4cache warm -j N``: the kernels of every spec spread over N worker processes.
+
+Each worker lists the kernels of all specs (FA4's own compile keys, :mod:`.kernel_set`)
+and takes them one by one through the per-key lock, longest first, so ``-j`` speeds up
+one spec as well as many; every kernel is compiled once, by whichever worker took it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fa4cache.aot.spec import KernelSpec
+
+from . import compile_pool
+from .kernel_set import SpecJob
+
+# Kernels of one spec: the forward, and with the backward its preprocess, the backward
+# and two postprocess conversions (dQ, dK/dV). Only sizes the default pool.
+KERNELS_PER_SPEC = {False: 1, True: 5}
+
+
+def default_jobs(specs: list[KernelSpec]) -> int:
+    """As many workers as CPU cores and kernels."""
+    kernels = sum(KERNELS_PER_SPEC[s.backward] for s in specs)
+    return max(1, min(compile_pool.cpu_count(), kernels))
+
+
+def warm_parallel(specs: list[KernelSpec], jobs: int, cache_dir: str) -> list[dict[str, Any]]:
+    """One result per spec, as ``warm`` reports them (``compiles``, ``present``,
+    ``seconds``: compile seconds of its kernels, summed, ``error``)."""
+    task = {"jobs": [SpecJob(s.to_dict()) for s in specs], "targets": None, "wait": True, "ahead": False}
+    t0 = time.perf_counter()
+    if compile_pool.can_fork():
+        # No GPU here: fork the workers from this process once it has imported FA4, so the
+        # import is paid once (on a busy CPU that import is a large share of the work).
+        from .compile_ahead import off
+        from .flash_attn import install
+
+        install(cache_dir)
+        with off():
+            import flash_attn.cute.interface  # noqa: F401
+        return merge(specs, compile_pool.fork_run(task, jobs), time.perf_counter() - t0)
+    env = compile_pool.target_env()
+    if env is None:
+        raise RuntimeError("warm: no target arch (set_cross_compile_env first)")
+    env["FA4CACHE_DIR"] = cache_dir
+    workers = compile_pool.start(jobs, env)
+    results = []
+    try:
+        for w in workers:
+            w.submit(task)
+        results = [w.result() for w in workers]
+    finally:
+        for w in workers:
+            w.close()
+    return merge(specs, results, time.perf_counter() - t0)
+
+
+def merge(specs: list[KernelSpec], results: list[dict[str, Any]], wall: float) -> list[dict[str, Any]]:
+    planned: list[list[str]] | None = next((r["jobs"] for r in results if r.get("jobs")), None)
+    compiled: dict[str, float] = {}
+    for r in results:
+        for d, s in r.get("compiled", {}).items():
+            compiled[d] = compiled.get(d, 0.0) + s
+    errors: dict[int, str] = {}
+    for r in results:
+        for i, e in r.get("errors", {}).items():
+            errors.setdefault(int(i), e)
+    worker_error = next((r["error"] for r in results if r.get("error")), None)
+    out = []
+    counted: set[str] = set()
+    for i, _ in enumerate(specs):
+        digests = planned[i] if planned is not None else []
+        mine = [d for d in digests if d in compiled and d not in counted]
+        counted.update(digests)
+        out.append(
+            {
+                "compiles": len(mine),
+                "present": len(digests) - len(mine),
+                # Per spec, only the kernels' own compile seconds are known (they ran side by side).
+                "seconds": sum(compiled[d] for d in mine),
+                "compile_seconds": sum(compiled[d] for d in mine),
+                "error": errors.get(i) or (worker_error if planned is None else None),
+            }
+        )
+    return out

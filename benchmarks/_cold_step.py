@@ -1,0 +1,81 @@
+"""One process of bench_cold_start.py: the first document-mask forward+backward, timed from
+after the imports (GPU).
+
+    python benchmarks/_cold_step.py MODE PATH T
+MODE: fa4cache (install(); FA4CACHE_COMPILE_AHEAD from the environment) or fa4own (FA4's own
+disk cache, set up by the parent). PATH: varlen (fa4cache.attention) or dense (FA4's
+flash_attn_func with the mask's kwargs). Waits for $WAIT_FILE after its imports, prints
+``READY`` before that and ``RESULT <json>`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+mode, path, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "fa4cache":
+    import fa4cache
+
+    store = fa4cache.install()
+import cutlass.cute as cute
+import torch
+
+compiles = {"n": 0, "s": 0.0}
+_orig = cute.compile
+
+
+def counting_compile(*a, **k):  # instrumentation: real compiles in this process, either mode
+    t = time.perf_counter()
+    try:
+        return _orig(*a, **k)
+    finally:
+        compiles["n"] += 1
+        compiles["s"] += time.perf_counter() - t
+
+
+cute.compile = counting_compile
+from flash_attn.cute import flash_attn_func  # noqa: E402
+from flash_attn.cute import interface as fi  # noqa: E402
+
+fi.cute.compile = counting_compile
+
+import fa4cache as _fc  # noqa: E402
+from fa4cache.masks import make_document_mask  # noqa: E402
+
+lens = [T // 4, T // 2, T // 4]
+cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+mask = make_document_mask(cu, seqlen=T)
+q, k, v = (
+    torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+)
+torch.cuda.synchronize()
+print("READY", flush=True)
+if os.environ.get("WAIT_FILE"):
+    while not os.path.exists(os.environ["WAIT_FILE"]):
+        time.sleep(0.005)
+
+
+def step() -> float:
+    t0 = time.perf_counter()
+    if path == "dense":
+        out = flash_attn_func(q, k, v, **mask)
+        out = out[0] if isinstance(out, tuple) else out
+    else:
+        out = _fc.attention(q, k, v, mask)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+first = step()
+second = step()
+res = {"mode": mode, "path": path, "first_s": first, "second_s": second, "compiles": compiles["n"]}
+if mode == "fa4cache":
+    store.counters.flush()
+    res["counters"] = dict(store.counters.values)
+print("RESULT " + json.dumps(res), flush=True)
