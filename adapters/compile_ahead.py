@@ -23,8 +23,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from fa4cache.settings import setting
@@ -45,18 +44,10 @@ MAX_STANDBY = 4
 
 
 def enabled() -> bool:
-    return bool(setting("FA4CACHE_COMPILE_AHEAD")) and not getattr(_tl, "off", False)
+    return bool(setting("FA4CACHE_COMPILE_AHEAD")) and not compile_cache.ahead_is_off()
 
 
-@contextmanager
-def off() -> Iterator[None]:
-    """No compile-ahead in this thread (``warm`` compiles the whole set itself)."""
-    prev = getattr(_tl, "off", False)
-    _tl.off = True
-    try:
-        yield
-    finally:
-        _tl.off = prev
+off = compile_cache.ahead_off  # no compile-ahead in this thread (``warm`` compiles the whole set)
 
 
 # ------------------------------------------------------------------ the forward call
@@ -404,3 +395,6 @@ def watch_model_loads() -> None:
 
     post_init.__fa4cache_compile_ahead__ = True  # type: ignore[attr-defined]
     PreTrainedModel.post_init = post_init  # type: ignore[method-assign]
+
+
+compile_cache.forward_wrappers.append(wrap_forward)

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,6 +68,26 @@ def select(selector: Callable[[StoreCompileCache, Any], bool] | None) -> Any:
     prev = getattr(_tl, "select", None)
     _tl.select = selector
     return prev
+
+
+# Wrappers applied to FA4's forward entry point when it is patched (compile-ahead registers
+# its own, :mod:`.compile_ahead`): the patcher calls them without importing what registers them.
+forward_wrappers: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
+
+
+@contextmanager
+def ahead_off() -> Iterator[None]:
+    """No compile-ahead in this thread (``warm`` compiles the whole set itself)."""
+    prev = getattr(_tl, "ahead_off", False)
+    _tl.ahead_off = True
+    try:
+        yield
+    finally:
+        _tl.ahead_off = prev
+
+
+def ahead_is_off() -> bool:
+    return getattr(_tl, "ahead_off", False)
 
 
 def kind_for(entry_point: str) -> str:

@@ -28,7 +28,7 @@ from fa4cache.store import counters as _counters
 from fa4cache.store import installed as runtime
 from fa4cache.store.store import Store
 
-from . import compile_ahead, cross_compile, fa4_interval_masking, mask_tiles
+from . import compile_cache, cross_compile, fa4_interval_masking, mask_tiles
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 from .installation import Installation, _Patch
 
@@ -76,7 +76,8 @@ def _patch_module(inst: Installation, module: types.ModuleType) -> int:
         if module.__name__ == INTERFACE and name in mask_tiles.ENTRY_POINTS:
             patched = mask_tiles.wrap(patched)
             if name == "_flash_attn_fwd":
-                patched = compile_ahead.wrap_forward(patched)
+                for wrap in compile_cache.forward_wrappers:
+                    patched = wrap(patched)
         setattr(module, name, patched)
         inst.patches.append(_Patch(module, name, obj, original, cache))
         n += 1

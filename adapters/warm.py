@@ -169,7 +169,7 @@ def compile_spec(spec: KernelSpec) -> None:
 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
     """Compile ``specs`` into the store in this process; returns one result per spec."""
-    from .compile_ahead import off
+    from .compile_cache import ahead_off as off
     from .flash_attn import fold_all_hits, install
 
     if specs:

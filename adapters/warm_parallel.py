@@ -34,7 +34,7 @@ def warm_parallel(specs: list[KernelSpec], jobs: int, cache_dir: str) -> list[di
     if compile_pool.can_fork():
         # No GPU here: fork the workers from this process once it has imported FA4, so the
         # import is paid once (on a busy CPU that import is a large share of the work).
-        from .compile_ahead import off
+        from .compile_cache import ahead_off as off
         from .flash_attn import install
 
         install(cache_dir)

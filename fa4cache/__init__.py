@@ -27,8 +27,7 @@ from .errors import (
     UnstableKeyError,
 )
 from .settings import Settings
-
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401  (the package version)
 
 __all__ = [
     "ConfigError",
@@ -55,8 +54,8 @@ __all__ = [
 # Lazily resolved names: module they live in.
 _LAZY = {
     "Store": "fa4cache.store",
-    "install": "fa4cache.adapters.flash_attn",
-    "uninstall": "fa4cache.adapters.flash_attn",
+    "install": "fa4cache.adapters.installer",
+    "uninstall": "fa4cache.adapters.installer",
     "stats": "fa4cache.store.stats",
     "env": "fa4cache.ray_integration",
     "make_document_mask": "fa4cache.masks",
@@ -74,13 +73,13 @@ _LAZY = {
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:
+    from fa4cache.adapters.installer import install, uninstall
     from fa4cache.adapters.jit_cache import jit_cache
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats
     from fa4cache.store.store import Store
 
-    from .adapters.flash_attn import install, uninstall
     from .masks import (
         AttentionMask,
         DocumentMaskBuilder,

@@ -149,7 +149,7 @@ def export_bundle(
                         "sidecar": json.loads(side.to_bytes()),
                     }
                 )
-        from fa4cache import __version__
+        from fa4cache.version import __version__
 
         manifest = {
             "format": FORMAT,
