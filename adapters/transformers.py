@@ -21,8 +21,13 @@ What it does, per forward step (the mask is built once and shared by every layer
 * **Other masks**: a fa4cache mask passed as ``model(..., fa4cache_mask=mask)`` is used by
   every layer (prefix-LM, draft-block, custom templates).
 * **Logit softcapping** (Gemma 2) runs in FA4's kernels (its softcap score_mod).
-* **Decoding with a KV cache**, attention dropout and 4-D masks without document
-  boundaries run through PyTorch with one warning; they never crash. In training and
+* **Steps over a KV cache** (``generate`` with a dynamic or static cache, any batch, left
+  padding; decode and prefill into a static cache) run as one FA4 call per layer over
+  the cache as it lies (:mod:`.kv_cache`), with sliding windows and softcapping, no host
+  sync and one kernel per layer kind whatever the batch size or cache length.
+* Attention dropout, 4-D masks without document boundaries, KV-cache steps with neither
+  a 2-D mask nor ``position_ids``, and gradients through a KV-cache step run through
+  PyTorch with one warning naming the reason; they never crash. In training and
   prefill that fallback applies the step's own document mask, so packed documents stay
   apart there too; softcapping and dropout are applied as transformers' eager attention
   does.
@@ -46,7 +51,7 @@ from typing import Any
 
 import fa4cache
 
-from . import packed_attention, step_mask
+from . import kv_cache, packed_attention, step_mask
 from .step_mask import set_max_documents
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     set_max_documents(max_documents)
     fa4cache.install()
     packed_attention.op()
+    kv_cache.op()
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
     if fix_flash_attention_4:
@@ -143,7 +149,11 @@ def attention_forward(
         kind, source = None, None
     why = None
     if q.shape[1] != k.shape[1]:
-        why = "decoding with a KV cache"
+        why = _kv_cache_fallback(query, attention_mask, kwargs, dropout)
+        if why is None:
+            return _kv_cache_attention(
+                query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap
+            ), None
     elif dropout:
         why = "attention dropout"
     elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
@@ -154,7 +164,9 @@ def attention_forward(
         )
     if why is not None:
         _warn_once(
-            why, f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill)"
+            why,
+            f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill, "
+            "and KV-cache steps with a 2-D left-padding mask or position_ids)",
         )
         allowed = None
         if (
@@ -181,6 +193,42 @@ def attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+def _kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], dropout: float) -> str | None:
+    """Why a step with a KV cache cannot run on FA4 (None: it can)."""
+    import torch
+
+    pos = kwargs.get("position_ids")
+    if dropout:
+        return "attention dropout"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return "decoding with a KV cache and a 4-D attention mask"
+    if attention_mask is None and (pos is None or pos.dim() != 2):
+        return "decoding with a KV cache without a 2-D attention mask or position_ids"
+    if torch.is_grad_enabled() and query.requires_grad:
+        return "gradients through a KV-cache step"
+    return None
+
+
+def _kv_cache_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """A step over a KV cache on FA4 (:mod:`.kv_cache`). The window is passed whenever the
+    layer has one, even while the cache is shorter: the kernel then stays the same as the
+    cache grows past it."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    pos = kwargs.get("position_ids") if attention_mask is None else None
+    return kv_cache.op()(query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0))
 
 
 def _compiling() -> bool:
