@@ -11,20 +11,20 @@ is then ``[B * Hkv * Tk, 1, D]`` as it lies (a view), the query ``[B * Hkv, Tq, 
 D]`` (a view when ``Tq == 1``).
 
 Which keys a row sees: its cache holds its tokens in order, the last ``Tq`` of them the
-step's queries, after ``start`` slots of left padding (and, in a static buffer, unused
-slots after the end). From the step's 2-D padding mask (sliced to the layer's keys by
-:func:`~.transformers.padding_mask`) a row has ``n`` tokens ending at the mask's last
-column; without a mask, ``position_ids[:, -1] + 1`` tokens from slot 0. That becomes
-``cu_seqlens_k`` (each sequence's first valid key) and ``seqused_k`` (its count); FA4
-aligns the queries bottom-right (causal and sliding windows as in training), and left-
-padding queries of a prefill get no keys (output 0).
+step's queries, after ``start`` slots of left padding (and, in a static buffer, before
+unused slots). The step's 2-D padding mask (sliced or padded to the layer's keys by
+:func:`~.transformers.padding_mask`) marks them as one run of True per row; without a mask,
+``position_ids[:, -1] + 1`` tokens from slot 0. That becomes ``cu_seqlens_k`` (each
+sequence's first key) and ``seqused_k`` (its count); FA4 aligns the queries bottom-right
+to the last key (causal and sliding windows as in training), and left-padding queries of a
+prefill get no keys (output 0).
 
 No host sync: every length is computed on the device; ``max_seqlen_q``/``max_seqlen_k``
 are the tensors' shapes. FA4's compile key does not see the batch size or cache length
 (a dense query has no varlen scheduler; ``max_seqlen_q`` only splits decode (``Tq *
 Hq / Hkv`` within one tile) from prefill), so decoding compiles one kernel per layer kind.
-A mask that is not left padding (a gap, or right padding) is refused on the device
-(``torch._assert_async``) rather than attended wrong.
+A mask with more than one run of tokens in a row (a gap, or right padding) is refused on
+the device (``torch._assert_async``) rather than attended wrong.
 """
 
 from __future__ import annotations
@@ -49,21 +49,26 @@ def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
 
 
 def key_ranges(attention_mask: Any, position_ids: Any, batch: int) -> tuple[Any, Any]:
-    """``(start, count)`` (int32 ``[batch]``): each row's keys are the cache slots
-    ``[start, start + count)``."""
+    """``(start, count)`` (int32 ``[batch]``): each row's tokens are the cache slots
+    ``[start, start + count)``, the mask's one run of True (left padding before it, a
+    static buffer's unused slots after it); without a mask, ``position_ids[:, -1] + 1``
+    tokens from slot 0."""
     import torch
 
-    if attention_mask is not None:
-        m = attention_mask.to(torch.int32)
-        # Left padding: once a row's tokens start, they do not stop.
-        torch._assert_async(
-            (m[:, 1:] >= m[:, :-1]).all(),
-            "fa4cache: a KV-cache step's attention_mask must be left padding (no gaps, no right padding)",
-        )
-        count = m.sum(1, dtype=torch.int32)
-        return (m.shape[1] - count).to(torch.int32), count
-    count = (position_ids[..., -1] + 1).to(torch.int32).expand(batch).contiguous()
-    return torch.zeros_like(count), count
+    if attention_mask is None:
+        count = (position_ids[..., -1] + 1).to(torch.int32).expand(batch).contiguous()
+        return torch.zeros_like(count), count
+    m = attention_mask.to(torch.bool)
+    count = m.sum(1, dtype=torch.int32)
+    start = m.to(torch.uint8).argmax(1).to(torch.int32)  # the first True (0 for an empty row)
+    slot = torch.arange(m.shape[1], device=m.device)
+    run = (slot >= start[:, None]) & (slot < (start + count)[:, None])
+    torch._assert_async(
+        (run == m).all(),
+        "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
+        "(left padding; no gaps, no right padding)",
+    )
+    return start, count
 
 
 def _sequences(
@@ -75,7 +80,7 @@ def _sequences(
 
     start, count = key_ranges(attention_mask, position_ids, batch)
     device = start.device
-    # A static buffer holds at most Tk; a sliding cache may have dropped the oldest tokens.
+    # Without a mask, a sliding cache holds fewer than all tokens so far.
     count = torch.minimum(count, torch.full_like(count, keys) - start)
     offsets = torch.arange(batch * heads_kv + 1, device=device, dtype=torch.int32) * keys
     cu = offsets.clone()
