@@ -141,6 +141,39 @@ def forward(
     return out.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
 
 
+def varlen_forward(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    causal: bool,
+    window: int | None,
+    softmax_scale: float,
+    softcap: float,
+) -> Any:
+    """Continuous batching's step (``query [1, Hq, Tq, D]``, ``key``/``value`` ``[1, Hkv,
+    Tk, D]``: the step's sequences' new tokens and their whole keys, gathered from the
+    paged cache by transformers) as one FA4 varlen call over ``cu_seqlens_q`` and
+    ``cu_seqlens_k``; returns ``[1, Tq, Hq, Dv]``. Query rows outside every sequence (the
+    batch's padding to a graph size) get 0."""
+    import torch
+
+    Hq, D, Hkv, Dv = query.shape[1], query.shape[-1], key.shape[1], value.shape[-1]
+    q = query.transpose(1, 2).reshape(-1, Hq, D)
+    k = key.transpose(1, 2).reshape(-1, Hkv, D)
+    v = value.transpose(1, 2).reshape(-1, Hkv, Dv)
+    out = _fa4_forward(
+        q, k, v, cu_seqlens_q=cu_seqlens_q.to(torch.int32), cu_seqlens_k=cu_seqlens_k.to(torch.int32),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+        softcap=softcap, window_size_left=window, window_size_right=0 if window is not None else None,
+        out=q.new_zeros(q.shape[0], Hq, Dv),
+    )  # fmt: skip
+    return out.view(1, -1, Hq, Dv)
+
+
 _OPS: list[Any] = []
 _LIB: list[Any] = []
 
@@ -168,5 +201,27 @@ def op() -> Any:
             B, Hq, Tq, _ = query.shape
             return query.new_empty(B, Tq, Hq, value.shape[-1])
 
+        name = "fa4cache::varlen_kv_attention"
+        torch.library.define(
+            name,
+            "(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int? max_seqlen_q, int? max_seqlen_k, bool causal, int? window, float softmax_scale, "
+            "float softcap) -> Tensor",
+            lib=_LIB[0],
+            tags=(torch.Tag.pt2_compliant_tag,),
+        )
+        torch.library.impl(name, "default", varlen_forward, lib=_LIB[0])
+
+        @torch.library.register_fake(name, lib=_LIB[0])
+        def _(query, key, value, *rest):  # type: ignore[no-untyped-def]
+            return query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
+
         _OPS.append(torch.ops.fa4cache.kv_cache_attention)
+        _OPS.append(torch.ops.fa4cache.varlen_kv_attention)
     return _OPS[0]
+
+
+def varlen_op() -> Any:
+    """``torch.ops.fa4cache.varlen_kv_attention`` (:func:`varlen_forward`)."""
+    op()
+    return _OPS[1]

@@ -77,6 +77,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     kv_cache.op()
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
+    _allow_continuous_batching()
     if fix_flash_attention_4:
         _fix_flash_attention_4()
 
@@ -155,6 +156,14 @@ def attention_forward(
         kind, source = "position_ids", kwargs["position_ids"]
     else:
         kind, source = None, None
+    cu_k = _first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k")
+    # Continuous batching: the step's new tokens against each sequence's whole keys.
+    cb = cu is not None and cu_k is not None and cu_k is not cu and q.shape[1] != k.shape[1]
+    if cb and attention_mask is None and not dropout:
+        out = _varlen_kv_attention(
+            query, key, value, cu, cu_k, kwargs, causal, sliding_window, scaling, softcap
+        )
+        return out, None
     why = None
     if q.shape[1] != k.shape[1]:
         why = _kv_cache_fallback(query, attention_mask, kwargs, dropout)
@@ -237,6 +246,52 @@ def _kv_cache_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     pos = kwargs.get("position_ids") if attention_mask is None else None
     return kv_cache.op()(query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0))
+
+
+def _varlen_kv_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_q: Any,
+    cu_k: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """Continuous batching's step (queries and keys of each sequence from ``cu_seq_lens_q``
+    and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`.kv_cache.varlen_forward`)."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    max_q = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    max_k = _host_int(_first_kwarg(kwargs, "max_length_k", "max_seqlen_k"))
+    return kv_cache.varlen_op()(
+        query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0)
+    )
+
+
+def _allow_continuous_batching() -> None:
+    """Let ``generate_batch`` / ``ContinuousBatchingManager`` keep ``"fa4cache"`` (or
+    ``"paged|fa4cache"``, which transformers reads as ``"fa4cache"``): transformers accepts
+    only its own implementations there. It then builds no attention mask, and each step
+    runs as one FA4 varlen call over the keys it gathers from its paged cache."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+    except ImportError:
+        return
+    fn = ContinuousBatchingManager.switch_to_cb_friendly_attn
+    if getattr(fn, "__fa4cache__", False):
+        return
+
+    @functools.wraps(fn)
+    def switch_to_cb_friendly_attn(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        if model.config._attn_implementation in (NAME, f"paged|{NAME}"):
+            return None
+        return fn(self, model, *args, **kwargs)
+
+    switch_to_cb_friendly_attn.__fa4cache__ = True  # type: ignore[attr-defined]
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn  # type: ignore[method-assign]
 
 
 def _compiling() -> bool:

@@ -138,6 +138,7 @@ def flash_attn_fwd(
     softcap: float | None = 0.0,
     window_size_left: int | None = None,
     window_size_right: int | None = None,
+    out: Any = None,
 ) -> tuple[Any, Any]:
     """FA4's ``_flash_attn_fwd`` for the key layouts of KV-cache attention, in float:
     ``(out, lse)``. Queries: dense ``[N, Tq, Hq, D]`` or flat ``[total_q, Hq, D]`` with
@@ -149,7 +150,8 @@ def flash_attn_fwd(
         raise AssertionError("page_table is not supported with cu_seqlens_k (as in FA4)")
     dense_q = cu_seqlens_q is None
     n = q.shape[0] if dense_q else cu_seqlens_q.numel() - 1
-    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    if out is None:  # FA4 leaves rows outside every sequence as they were
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
     lse = torch.full(q.shape[:-1], float("-inf"))
     scale = softmax_scale or q.shape[-1] ** -0.5
     for i in range(n):

@@ -83,7 +83,7 @@ def _model(cfg: Any, impl: str, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)  # the same weights for every implementation
     m = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32)
-    assert m.config._attn_implementation == impl
+    assert m.config._attn_implementation == impl.removeprefix("paged|")  # transformers drops "paged|"
     return m.eval()
 
 
@@ -273,6 +273,10 @@ def test_the_stand_in_matches_a_dense_reference() -> None:
             torch.testing.assert_close(out, torch.stack(want), atol=1e-5, rtol=1e-5)
 
 
+def _patterned_state(cfg: Any) -> dict[str, Any]:
+    return _patterned_model(cfg).state_dict()
+
+
 def _patterned_model(cfg: Any) -> Any:
     """A model trained briefly on a fixed pattern (token t follows t - 1 as (7 t + 3) mod V):
     its greedy choices are far from ties, so tokens must agree exactly between paths."""
@@ -408,3 +412,44 @@ def test_decode_shapes_compile_one_kernel_per_layer_kind(tmp_path: Any) -> None:
 
     assert run() == [2, 0]
     assert run() == [0, 2]
+
+
+def test_generate_batch_runs_on_fa4_without_a_mask(
+    fa4: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Continuous batching (paged cache) with "paged|fa4cache": accepted, every step's
+    # attention one FA4 varlen call (cu_seqlens_q/cu_seqlens_k), no attention mask built;
+    # greedy tokens as generate() gives each prompt alone with SDPA.
+    from transformers import GenerationConfig
+    from transformers.generation.continuous_batching import input_outputs
+
+    built = []
+    real_build = input_outputs.build_attention_mask
+    monkeypatch.setattr(
+        input_outputs, "build_attention_mask", lambda *a, **k: built.append(1) or real_build(*a, **k)
+    )
+    cfg = copy.deepcopy(_configs()["mistral-sliding"])
+    state = _patterned_state(cfg)
+    m, ref = _model(cfg, "paged|fa4cache"), _model(cfg, "sdpa")
+    m.load_state_dict(state)
+    ref.load_state_dict(state)
+    rng = random.Random(SEED + 3)
+    print(f"seed {SEED + 3}")
+    prompts = []
+    for n in (3, 9, 5, 12):
+        tok = rng.randrange(cfg.vocab_size)
+        prompts.append([])
+        for _ in range(n):
+            prompts[-1].append(tok)
+            tok = (tok * 7 + 3) % cfg.vocab_size
+    gen = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=-1)
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        out = m.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+    got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
+    for p, tokens in zip(prompts, got):
+        want = ref.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p) :].tolist()
+        assert len(want) == 10 and tokens[:10] == want, (p, tokens, want)  # (generate_batch may run one more)
+    assert not built
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    steps = [kw for kw in fa4 if kw.get("cu_seqlens_q") is not None]
+    assert steps and all(kw["window_size_left"] == cfg.sliding_window - 1 for kw in steps)
