@@ -133,11 +133,17 @@ def forward(
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
     cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk)
+    # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
+    # that tensor's), with the strides the op's shape function promises.
+    result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
+    extra = {"out": result.view(n, 1, g, Dv)} if result is not None else {}
     out = _fa4_forward(
         q, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_q=Tq, max_seqlen_k=Tk,
         softmax_scale=softmax_scale, causal=causal, softcap=softcap,
-        window_size_left=window, window_size_right=0 if window is not None else None,
+        window_size_left=window, window_size_right=0 if window is not None else None, **extra,
     )  # fmt: skip
+    if result is not None:
+        return result
     return out.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
 
 

@@ -7,6 +7,8 @@
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
+#   PART=generation  generate / generate_batch on FA4: tests/test_gpu_generation.py + bench_generation.py
+#                (GENERATION_ARGS: the benchmark's options)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -65,6 +67,13 @@ if has transformers; then
     # shellcheck disable=SC2086
     timeout 560 python3 benchmarks/bench_transformers.py $args 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
   done
+fi
+if has generation; then
+  # Generation on FA4 (KV cache, continuous batching, CUDA graphs): GPU tests, then the benchmark.
+  (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
+     -o addopts="" -m gpu "$repo/tests/test_gpu_generation.py" > "$res/gpu_generation_tests.log" 2>&1)
+  grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests.log" | head -40 | tee -a "$out/run.log"
+  timeout 240 python3 benchmarks/bench_generation.py ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -30 | tee -a "$out/run.log"
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"
