@@ -414,6 +414,36 @@ def test_decode_shapes_compile_one_kernel_per_layer_kind(tmp_path: Any) -> None:
     assert run() == [0, 2]
 
 
+@pytest.mark.compile
+def test_warm_generation_from_a_model_config_covers_decoding(tmp_path: Any) -> None:
+    # `fa4cache warm --hf-config PATH --generation` from config.json alone: afterwards the
+    # decode steps above (full and sliding layers, any batch and cache length) compile
+    # nothing and load both kernels.
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import ROOT, run_cli, worker_env
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    cfg = {
+        "model_type": "qwen3", "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+        "hidden_size": 256, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    w = run_cli(store, "warm", "--hf-config", str(tmp_path), "--no-backward", "--generation")
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert "generation: 8 kernel kinds, 8 compiled" in w.stdout and "0 failed" in w.stdout, w.stdout
+    p = subprocess.run(
+        [sys.executable, "-c", DECODE_COMPILES], cwd=ROOT, env=worker_env(store),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split("RESULT", 1)[1].split() == ["0", "2"]
+
+
 def test_generate_batch_runs_on_fa4_without_a_mask(
     fa4: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
