@@ -84,8 +84,9 @@ def _sequences(
     count = torch.minimum(count, torch.full_like(count, keys) - start)
     offsets = torch.arange(batch * heads_kv + 1, device=device, dtype=torch.int32) * keys
     cu = offsets.clone()
-    cu[:-1] += start.repeat_interleave(heads_kv)
-    return cu, count.repeat_interleave(heads_kv)
+    # Each row's value for each of its KV heads (an expand: no output size to read back).
+    cu[:-1] += start[:, None].expand(batch, heads_kv).reshape(-1)
+    return cu, count[:, None].expand(batch, heads_kv).reshape(-1)
 
 
 def sequences(
