@@ -477,7 +477,10 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
         out = m.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
     got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
     for p, tokens in zip(prompts, got):
-        want = ref.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False)[0, len(p) :].tolist()
+        want = ref.generate(
+            torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        want = want[0, len(p) :].tolist()
         assert len(want) == 10 and tokens[:10] == want, (p, tokens, want)  # (generate_batch may run one more)
     assert not built
     assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
