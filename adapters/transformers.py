@@ -21,8 +21,13 @@ What it does, per forward step (the mask is built once and shared by every layer
 * **Other masks**: a fa4cache mask passed as ``model(..., fa4cache_mask=mask)`` is used by
   every layer (prefix-LM, draft-block, custom templates).
 * **Logit softcapping** (Gemma 2) runs in FA4's kernels (its softcap score_mod).
-* **Decoding with a KV cache**, attention dropout and 4-D masks without document
-  boundaries run through PyTorch with one warning; they never crash. In training and
+* **Steps over a KV cache** (``generate`` with a dynamic or static cache, any batch, left
+  padding; decode and prefill into a static cache) run as one FA4 call per layer over
+  the cache as it lies (:mod:`.kv_cache`), with sliding windows and softcapping, no host
+  sync and one kernel per layer kind whatever the batch size or cache length.
+* Attention dropout, 4-D masks without document boundaries, KV-cache steps with neither
+  a 2-D mask nor ``position_ids``, and gradients through a KV-cache step run through
+  PyTorch with one warning naming the reason; they never crash. In training and
   prefill that fallback applies the step's own document mask, so packed documents stay
   apart there too; softcapping and dropout are applied as transformers' eager attention
   does.
@@ -45,7 +50,7 @@ import logging
 from typing import Any
 
 import fa4cache
-from fa4cache.ops import packed_attention, step_mask
+from fa4cache.ops import kv_cache, packed_attention, step_mask
 from fa4cache.ops.step_mask import set_max_documents
 
 from . import compile_ahead
@@ -74,8 +79,10 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     fa4cache.install()
     compile_ahead.watch_model_loads()
     packed_attention.op()
+    kv_cache.op()
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, padding_mask)
+    _allow_continuous_batching()
     if fix_flash_attention_4:
         _fix_flash_attention_4()
 
@@ -91,9 +98,17 @@ def padding_mask(
     **kwargs: Any,
 ) -> Any:
     """transformers' mask hook: the 2-D padding mask as it is (sliced to the keys), never a
-    4-D mask and never a check that reads the mask back from the device."""
+    4-D mask and never a check that reads the mask back from the device. A static cache's
+    keys outnumber the tokens so far: its mask is padded with False to the buffer's length,
+    so that the mask of every decode step has one shape (what a compiled or graphed decode
+    step needs; :mod:`.kv_cache` reads the tokens' slots from it)."""
     if attention_mask is None or attention_mask.dim() != 2:
         return attention_mask
+    if kv_length > attention_mask.shape[1]:
+        import torch
+
+        tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
+        return torch.cat((attention_mask, tail), 1)
     return attention_mask[:, -kv_length:]
 
 
@@ -146,9 +161,21 @@ def attention_forward(
         kind, source = "position_ids", kwargs["position_ids"]
     else:
         kind, source = None, None
+    cu_k = _first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k")
+    # Continuous batching: the step's new tokens against each sequence's whole keys.
+    cb = cu is not None and cu_k is not None and cu_k is not cu and q.shape[1] != k.shape[1]
+    if cb and attention_mask is None and not dropout:
+        out = _varlen_kv_attention(
+            query, key, value, cu, cu_k, kwargs, causal, sliding_window, scaling, softcap
+        )
+        return out, None
     why = None
     if q.shape[1] != k.shape[1]:
-        why = "decoding with a KV cache"
+        why = _kv_cache_fallback(query, attention_mask, kwargs, dropout)
+        if why is None:
+            return _kv_cache_attention(
+                query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap
+            ), None
     elif dropout:
         why = "attention dropout"
     elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
@@ -159,7 +186,9 @@ def attention_forward(
         )
     if why is not None:
         _warn_once(
-            why, f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill)"
+            why,
+            f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill, "
+            "and KV-cache steps with a 2-D left-padding mask or position_ids)",
         )
         allowed = None
         if (
@@ -186,6 +215,88 @@ def attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+def _kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], dropout: float) -> str | None:
+    """Why a step with a KV cache cannot run on FA4 (None: it can)."""
+    import torch
+
+    pos = kwargs.get("position_ids")
+    if dropout:
+        return "attention dropout"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return "decoding with a KV cache and a 4-D attention mask"
+    if attention_mask is None and (pos is None or pos.dim() != 2):
+        return "decoding with a KV cache without a 2-D attention mask or position_ids"
+    if torch.is_grad_enabled() and query.requires_grad:
+        return "gradients through a KV-cache step"
+    return None
+
+
+def _kv_cache_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """A step over a KV cache on FA4 (:mod:`.kv_cache`). The window is passed whenever the
+    layer has one, even while the cache is shorter: the kernel then stays the same as the
+    cache grows past it."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    pos = kwargs.get("position_ids") if attention_mask is None else None
+    return kv_cache.op()(query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0))
+
+
+def _varlen_kv_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_q: Any,
+    cu_k: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """Continuous batching's step (queries and keys of each sequence from ``cu_seq_lens_q``
+    and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`.kv_cache.varlen_forward`)."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    max_q = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    max_k = _host_int(_first_kwarg(kwargs, "max_length_k", "max_seqlen_k"))
+    return kv_cache.varlen_op()(
+        query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0)
+    )
+
+
+def _allow_continuous_batching() -> None:
+    """Let ``generate_batch`` / ``ContinuousBatchingManager`` keep ``"fa4cache"`` (or
+    ``"paged|fa4cache"``, which transformers reads as ``"fa4cache"``): transformers accepts
+    only its own implementations there. It then builds no attention mask, and each step
+    runs as one FA4 varlen call over the keys it gathers from its paged cache."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+    except ImportError:
+        return
+    fn = ContinuousBatchingManager.switch_to_cb_friendly_attn
+    if getattr(fn, "__fa4cache__", False):
+        return
+
+    @functools.wraps(fn)
+    def switch_to_cb_friendly_attn(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        if model.config._attn_implementation in (NAME, f"paged|{NAME}"):
+            return None
+        return fn(self, model, *args, **kwargs)
+
+    switch_to_cb_friendly_attn.__fa4cache__ = True  # type: ignore[attr-defined]
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn  # type: ignore[method-assign]
 
 
 def _compiling() -> bool:

@@ -10,6 +10,8 @@
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
 #   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
+#   PART=generation  generate / generate_batch on FA4: tests/test_gpu_generation.py + bench_generation.py
+#                (GENERATION_ARGS: the benchmark's options)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -69,6 +71,13 @@ if has transformers; then
 fi
 if has cold; then
   timeout 290 python3 benchmarks/bench_cold_start.py --gpu 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
+fi
+if has generation; then
+  # Generation on FA4 (KV cache, continuous batching, CUDA graphs): GPU tests, then the benchmark.
+  (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
+     -o addopts="" -m gpu "$repo/tests/test_gpu_generation.py" > "$res/gpu_generation_tests.log" 2>&1)
+  grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests.log" | head -40 | tee -a "$out/run.log"
+  timeout 240 python3 benchmarks/bench_generation.py ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -30 | tee -a "$out/run.log"
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"

@@ -120,3 +120,73 @@ def backward(
     dk = torch.einsum("hqk,qhd->khd", ds, q.float()) * scale
     dk, dv = (t.view(n, hk, group, -1).sum(2) for t in (dk, dv))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def flash_attn_fwd(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+    seqused_k: Any = None,
+    page_table: Any = None,
+    max_seqlen_q: Any = None,
+    max_seqlen_k: Any = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    softcap: float | None = 0.0,
+    window_size_left: int | None = None,
+    window_size_right: int | None = None,
+    out: Any = None,
+) -> tuple[Any, Any]:
+    """FA4's ``_flash_attn_fwd`` for the key layouts of KV-cache attention, in float:
+    ``(out, lse)``. Queries: dense ``[N, Tq, Hq, D]`` or flat ``[total_q, Hq, D]`` with
+    ``cu_seqlens_q``. Keys of sequence ``i``: flat ``k[cu_seqlens_k[i]:][:seqused_k[i]]``;
+    paged ``k[page_table[i]]`` (``[pages, page_size, Hk, D]``) up to ``seqused_k[i]``; or dense
+    ``k[i][:seqused_k[i]]``. Queries align bottom-right to their keys (causal and windows as
+    FA4 masks them); a query with no keys gets 0 and lse -inf."""
+    if (cu_seqlens_k is not None) + (page_table is not None) > 1:
+        raise AssertionError("page_table is not supported with cu_seqlens_k (as in FA4)")
+    dense_q = cu_seqlens_q is None
+    n = q.shape[0] if dense_q else cu_seqlens_q.numel() - 1
+    if out is None:  # FA4 leaves rows outside every sequence as they were
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    lse = torch.full(q.shape[:-1], float("-inf"))
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    for i in range(n):
+        rows = slice(None) if dense_q else slice(int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]))
+        qi = q[i] if dense_q else q[rows]
+        if page_table is not None:
+            ki, vi = (t[page_table[i].long()].flatten(0, 1) for t in (k, v))
+        elif cu_seqlens_k is not None:
+            a = int(cu_seqlens_k[i])
+            ki, vi = k[a:], v[a:]
+            if seqused_k is None:
+                ki, vi = ki[: int(cu_seqlens_k[i + 1]) - a], vi[: int(cu_seqlens_k[i + 1]) - a]
+        else:
+            ki, vi = k[i], v[i]
+        if seqused_k is not None:
+            ki, vi = ki[: int(seqused_k[i])], vi[: int(seqused_k[i])]
+        lq, lk = qi.shape[0], ki.shape[0]
+        pos = torch.arange(lq).view(-1, 1) + (lk - lq)
+        j = torch.arange(lk).view(1, -1)
+        keep = torch.ones(lq, lk, dtype=torch.bool)
+        if causal:
+            keep &= j <= pos
+        if window_size_left is not None:
+            keep &= j >= pos - window_size_left
+        if window_size_right is not None:
+            keep &= j <= pos + window_size_right
+        group = qi.shape[1] // ki.shape[1]
+        kk, vv = (t.float().repeat_interleave(group, dim=1) for t in (ki, vi))
+        s = capped(torch.einsum("qhd,khd->hqk", qi.float(), kk) * scale, softcap or 0.0)
+        s = s.masked_fill(~keep, float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [h, lq]
+        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)
+        o = torch.einsum("hqk,khd->qhd", p, vv).to(q.dtype)
+        if dense_q:
+            out[i], lse[i] = o, row_lse.transpose(0, 1)
+        else:
+            out[rows], lse[rows] = o, row_lse.transpose(0, 1)
+    return out, lse

@@ -48,6 +48,11 @@ def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
+    from fa4cache.ops import kv_cache
+
+    monkeypatch.setattr(
+        kv_cache, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
+    )
     # fa4cache.attention first: its lazy lookup would otherwise resolve to (and on undo
     # restore) the already-patched adapter function, leaking the reference to later tests.
     monkeypatch.setattr(fa4cache, "attention", fa4_varlen_model.mask_reference, raising=False)
@@ -228,7 +233,8 @@ def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
     assert m.varlen.window_size == (6, 0)
 
 
-def test_generation_with_a_cache_falls_back_with_one_warning(adapter: Any, caplog: Any) -> None:
+def test_generation_with_a_cache_runs_without_a_fallback(adapter: Any, caplog: Any) -> None:
+    # Decoding runs on FA4's KV-cache path (tests/test_generation.py holds it to SDPA).
     cfg = _configs()["qwen3"]
     m = _model(cfg, "fa4cache")
     ref = _model(cfg, "sdpa")
@@ -237,8 +243,7 @@ def test_generation_with_a_cache_falls_back_with_one_warning(adapter: Any, caplo
         out = m.generate(ids, max_new_tokens=6, do_sample=False)
     want = ref.generate(ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(out, want)
-    warnings = [r for r in caplog.records if "KV cache" in r.getMessage()]
-    assert len(warnings) == 1
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
 
 
 def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(

@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         'attn_implementation="fa4cache" runs',
     )
     s.add_argument(
+        "--generation",
+        action="store_true",
+        help="with --hf-config: also the kernels of generation (KV-cache and continuous-batching steps)",
+    )
+    s.add_argument(
         "--replay",
         action="store_true",
         help="compile every spec recorded in the store (e.g. after an upgrade)",

@@ -190,4 +190,21 @@ def cmd_warm(args: argparse.Namespace) -> int:
     )
     if unreplayable:
         print(f"{unreplayable} entries carry no spec (compiled by training calls) and were not replayed")
+    if getattr(args, "generation", False) and args.hf_config:
+        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
     return 1 if failed or jit_failed else 0
+
+
+def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str) -> int:
+    from fa4cache.aot.model_config import load_config
+
+    from ..adapters.warm_generation import warm_generation
+
+    g = warm_generation(load_config(args.hf_config), dtypes=dtypes, cache_dir=cache_dir)
+    for e in g.errors:
+        print(f"generation FAILED: {e[:160]}")
+    print(
+        f"generation: {g.kernels} kernel kinds, {g.compiles} compiled, {g.present} present, "
+        f"{len(g.errors)} failed, {g.seconds:.1f} s"
+    )
+    return len(g.errors)

@@ -1,0 +1,110 @@
+"""``fa4cache warm --hf-config PATH --generation``: cross-compile, on the CPU, the FA4
+kernels that generation with ``attn_implementation="fa4cache"`` runs for that model
+(:mod:`.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
+continuous-batching step (decode, and steps with prompts), for full and sliding layers.
+
+Each is one call of the adapter's own op body on fake CUDA tensors (the per-row lengths
+are computed on real CPU tensors first, as the masks of the packed path are); batch size
+and cache length do not reach FA4's compile key, so one representative shape per kind
+covers them all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
+_PREFILL_QUERIES = 256
+
+
+@dataclass(frozen=True)
+class GenerationWarm:
+    kernels: int  # calls made (one per kernel kind)
+    compiles: int
+    present: int
+    seconds: float
+    errors: tuple[str, ...]
+
+
+def _shapes(cfg: dict[str, Any]) -> tuple[int, int, int, list[int | None], float]:
+    from fa4cache.aot.model_config import _positive_int, sliding_window
+
+    heads = _positive_int(cfg, "num_attention_heads")
+    heads_kv = _positive_int(cfg, "num_key_value_heads") if "num_key_value_heads" in cfg else heads
+    head_dim = cfg.get("head_dim") or _positive_int(cfg, "hidden_size") // heads
+    w = sliding_window(cfg)
+    types = cfg.get("layer_types")
+    windows: list[int | None] = [None]
+    if w is not None:  # transformers' window of w keys is FA4's w - 1 before the query
+        some_full = isinstance(types, list) and "full_attention" in types
+        windows = ([None] if some_full else []) + [w - 1]
+    return heads, heads_kv, head_dim, windows, float(cfg.get("attn_logit_softcapping") or 0.0)
+
+
+def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap: float, dtype: Any) -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4cache.ops import kv_cache
+
+    B, T = 2, 300
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :5] = False
+    real_sequences = kv_cache.sequences
+    try:
+        for Tq in (1, _PREFILL_QUERIES):
+            lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
+            with FakeTensorMode(), torch.no_grad():
+                fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
+                kv_cache.sequences = lambda *a, fake=fake: fake  # type: ignore[assignment]
+                q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
+                k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
+                kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
+                # Continuous batching: the step's queries against each sequence's keys.
+                n_q = B if Tq == 1 else _PREFILL_QUERIES
+                cq = torch.empty(B + 1, dtype=torch.int32, device="cuda")
+                ck = torch.empty(B + 1, dtype=torch.int32, device="cuda")
+                q = torch.empty(1, heads, n_q, head_dim, dtype=dtype, device="cuda")
+                k = torch.empty(1, heads_kv, 2 * T, head_dim, dtype=dtype, device="cuda")
+                max_q = 1 if Tq == 1 else _PREFILL_QUERIES // 2
+                kv_cache.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
+    finally:
+        kv_cache.sequences = real_sequences  # type: ignore[assignment]
+
+
+def warm_generation(
+    cfg: dict[str, Any], *, dtypes: list[str], cache_dir: str | None = None
+) -> GenerationWarm:
+    """Compile the generation kernels of the model ``cfg`` (its config.json as a dict) into
+    the store (the cross-compile environment must already be set for the target arch)."""
+    import torch
+
+    from .flash_attn import fold_all_hits, install
+
+    store = install(cache_dir)
+    heads, heads_kv, head_dim, windows, softcap = _shapes(cfg)
+    fold_all_hits()
+    before = dict(store.counters.values)
+    t0 = time.perf_counter()
+    errors = []
+    kinds = 0
+    for d in dtypes:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[d]
+        for window in windows:
+            kinds += 4
+            try:
+                _calls(heads, heads_kv, head_dim, window, softcap, dtype)
+            except Exception as e:  # reported by the CLI; the other kinds still compile
+                errors.append(f"{d} window={window}: {type(e).__name__}: {e}")
+    fold_all_hits()
+    store.counters.flush()
+    c = store.counters.values
+    return GenerationWarm(
+        kernels=kinds,
+        compiles=int(c["compiles"] - before["compiles"]),
+        present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
+        seconds=time.perf_counter() - t0,
+        errors=tuple(errors),
+    )

@@ -1,0 +1,234 @@
+"""Attention over a transformers KV cache (decode, and prefill into a static cache) as one
+FA4 call, through the custom op ``torch.ops.fa4cache.kv_cache_attention``.
+
+transformers hands the attention ``query [B, Hq, Tq, D]`` and the whole cache
+``key``/``value [B, Hkv, Tk, D]`` (Tk: the tokens so far for a dynamic cache, the buffer
+length for a static one), stored head-major. FA4's varlen keys are token-major
+(``[tokens, heads, D]``), which the cache is not: making it so would copy the whole cache
+in every layer of every step. Instead each (row, KV head) pair is one FA4 sequence with a
+single KV head and its ``Hq / Hkv`` query heads (grouped-query attention as MQA): the cache
+is then ``[B * Hkv * Tk, 1, D]`` as it lies (a view), the query ``[B * Hkv, Tq, Hq / Hkv,
+D]`` (a view when ``Tq == 1``).
+
+Which keys a row sees: its cache holds its tokens in order, the last ``Tq`` of them the
+step's queries, after ``start`` slots of left padding (and, in a static buffer, before
+unused slots). The step's 2-D padding mask (sliced or padded to the layer's keys by
+:func:`fa4cache.adapters.transformers.padding_mask`) marks them as one run of True per row; without a mask,
+``position_ids[:, -1] + 1`` tokens from slot 0. That becomes ``cu_seqlens_k`` (each
+sequence's first key) and ``seqused_k`` (its count); FA4 aligns the queries bottom-right
+to the last key (causal and sliding windows as in training), and left-padding queries of a
+prefill get no keys (output 0).
+
+No host sync: every length is computed on the device; ``max_seqlen_q``/``max_seqlen_k``
+are the tensors' shapes. FA4's compile key does not see the batch size or cache length
+(a dense query has no varlen scheduler; ``max_seqlen_q`` only splits decode (``Tq *
+Hq / Hkv`` within one tile) from prefill), so decoding compiles one kernel per layer kind.
+A mask with more than one run of tokens in a row (a gap, or right padding) is refused on
+the device (``torch._assert_async``) rather than attended wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from fa4cache.ops.step_mask import _key_of
+
+_lock = threading.Lock()
+# One step's (cu_seqlens_k, seqused_k), shared by the layers that see the same keys:
+# key -> (weak reference to the source tensor, value).
+_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    """FA4's forward (a seam: the CPU tests put the FA4 stand-in here)."""
+    from flash_attn.cute import interface as fi
+
+    return fi._flash_attn_fwd(q, k, v, **kwargs)[0]
+
+
+def key_ranges(attention_mask: Any, position_ids: Any, batch: int) -> tuple[Any, Any]:
+    """``(start, count)`` (int32 ``[batch]``): each row's tokens are the cache slots
+    ``[start, start + count)``, the mask's one run of True (left padding before it, a
+    static buffer's unused slots after it); without a mask, ``position_ids[:, -1] + 1``
+    tokens from slot 0."""
+    import torch
+
+    if attention_mask is None:
+        count = (position_ids[..., -1] + 1).to(torch.int32).expand(batch).contiguous()
+        return torch.zeros_like(count), count
+    m = attention_mask.to(torch.bool)
+    count = m.sum(1, dtype=torch.int32)
+    start = m.to(torch.uint8).argmax(1).to(torch.int32)  # the first True (0 for an empty row)
+    slot = torch.arange(m.shape[1], device=m.device)
+    run = (slot >= start[:, None]) & (slot < (start + count)[:, None])
+    torch._assert_async(
+        (run == m).all(),
+        "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
+        "(left padding; no gaps, no right padding)",
+    )
+    return start, count
+
+
+def _sequences(
+    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int
+) -> tuple[Any, Any]:
+    """``cu_seqlens_k`` (``[B * Hkv + 1]``) and ``seqused_k`` (``[B * Hkv]``) over the cache
+    flattened to ``[B * Hkv * Tk]`` slots."""
+    import torch
+
+    start, count = key_ranges(attention_mask, position_ids, batch)
+    device = start.device
+    # Without a mask, a sliding cache holds fewer than all tokens so far.
+    count = torch.minimum(count, torch.full_like(count, keys) - start)
+    offsets = torch.arange(batch * heads_kv + 1, device=device, dtype=torch.int32) * keys
+    cu = offsets.clone()
+    # Each row's value for each of its KV heads (an expand: no output size to read back).
+    cu[:-1] += start[:, None].expand(batch, heads_kv).reshape(-1)
+    return cu, count[:, None].expand(batch, heads_kv).reshape(-1)
+
+
+def sequences(
+    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int
+) -> tuple[Any, Any]:
+    """:func:`_sequences`, computed once per step for the layers that share a mask (not
+    reused across a CUDA-graph capture: the graph must compute its own)."""
+    import torch
+
+    src = attention_mask if attention_mask is not None else position_ids
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return _sequences(attention_mask, position_ids, batch, heads_kv, keys)
+    key = (_key_of(src), attention_mask is None, batch, heads_kv, keys)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0]() is not None:
+            return hit[1]
+    value = _sequences(attention_mask, position_ids, batch, heads_kv, keys)
+    with _lock:
+        if len(_cache) > 8:  # a step uses one or two (full and sliding layers)
+            _cache.clear()
+        _cache[key] = (weakref.ref(src), value)
+    return value
+
+
+def forward(
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    position_ids: Any,
+    causal: bool,
+    window: int | None,
+    softmax_scale: float,
+    softcap: float,
+) -> Any:
+    """``[B, Tq, Hq, Dv]`` for ``query [B, Hq, Tq, D]`` and the cache ``key``/``value``
+    ``[B, Hkv, Tk, D]``; ``window``: keys before the query's position (transformers'
+    ``sliding_window - 1``), None for none; ``softcap`` 0 for none."""
+    B, Hq, Tq, D = query.shape
+    Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
+    g = Hq // Hkv
+    n = B * Hkv
+    q = query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(n, Tq, g, D)
+    k = key.reshape(n * Tk, 1, D)
+    v = value.reshape(n * Tk, 1, Dv)
+    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk)
+    # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
+    # that tensor's), with the strides the op's shape function promises.
+    result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
+    extra = {"out": result.view(n, 1, g, Dv)} if result is not None else {}
+    out = _fa4_forward(
+        q, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_q=Tq, max_seqlen_k=Tk,
+        softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+        window_size_left=window, window_size_right=0 if window is not None else None, **extra,
+    )  # fmt: skip
+    if result is not None:
+        return result
+    return out.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
+
+
+def varlen_forward(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    causal: bool,
+    window: int | None,
+    softmax_scale: float,
+    softcap: float,
+) -> Any:
+    """Continuous batching's step (``query [1, Hq, Tq, D]``, ``key``/``value`` ``[1, Hkv,
+    Tk, D]``: the step's sequences' new tokens and their whole keys, gathered from the
+    paged cache by transformers) as one FA4 varlen call over ``cu_seqlens_q`` and
+    ``cu_seqlens_k``; returns ``[1, Tq, Hq, Dv]``. Query rows outside every sequence (the
+    batch's padding to a graph size) get 0."""
+    import torch
+
+    Hq, D, Hkv, Dv = query.shape[1], query.shape[-1], key.shape[1], value.shape[-1]
+    q = query.transpose(1, 2).reshape(-1, Hq, D)
+    k = key.transpose(1, 2).reshape(-1, Hkv, D)
+    v = value.transpose(1, 2).reshape(-1, Hkv, Dv)
+    out = _fa4_forward(
+        q, k, v, cu_seqlens_q=cu_seqlens_q.to(torch.int32), cu_seqlens_k=cu_seqlens_k.to(torch.int32),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+        softcap=softcap, window_size_left=window, window_size_right=0 if window is not None else None,
+        out=q.new_zeros(q.shape[0], Hq, Dv),
+    )  # fmt: skip
+    return out.view(1, -1, Hq, Dv)
+
+
+_OPS: list[Any] = []
+_LIB: list[Any] = []
+
+
+def op() -> Any:
+    """``torch.ops.fa4cache.kv_cache_attention``, defined on first use: one opaque node to
+    ``torch.compile`` (transformers compiles static-cache decoding), so FA4's Python
+    interface never meets the tracer and a CUDA graph captures the FA4 launch as is."""
+    if not _OPS:
+        import torch
+
+        _LIB.append(torch.library.Library("fa4cache", "FRAGMENT"))
+        name = "fa4cache::kv_cache_attention"
+        torch.library.define(
+            name,
+            "(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
+            "bool causal, int? window, float softmax_scale, float softcap) -> Tensor",
+            lib=_LIB[0],
+            tags=(torch.Tag.pt2_compliant_tag,),
+        )
+        torch.library.impl(name, "default", forward, lib=_LIB[0])
+
+        @torch.library.register_fake(name, lib=_LIB[0])
+        def _(query, key, value, *rest):  # type: ignore[no-untyped-def]
+            B, Hq, Tq, _ = query.shape
+            return query.new_empty(B, Tq, Hq, value.shape[-1])
+
+        name = "fa4cache::varlen_kv_attention"
+        torch.library.define(
+            name,
+            "(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int? max_seqlen_q, int? max_seqlen_k, bool causal, int? window, float softmax_scale, "
+            "float softcap) -> Tensor",
+            lib=_LIB[0],
+            tags=(torch.Tag.pt2_compliant_tag,),
+        )
+        torch.library.impl(name, "default", varlen_forward, lib=_LIB[0])
+
+        @torch.library.register_fake(name, lib=_LIB[0])
+        def _(query, key, value, *rest):  # type: ignore[no-untyped-def]
+            return query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
+
+        _OPS.append(torch.ops.fa4cache.kv_cache_attention)
+        _OPS.append(torch.ops.fa4cache.varlen_kv_attention)
+    return _OPS[0]
+
+
+def varlen_op() -> Any:
+    """``torch.ops.fa4cache.varlen_kv_attention`` (:func:`varlen_forward`)."""
+    op()
+    return _OPS[1]

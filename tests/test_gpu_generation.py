@@ -1,0 +1,345 @@
+"""Generation with a KV cache under ``attn_implementation="fa4cache"`` on the GPU: real FA4,
+tiny random-init bf16 models.
+
+Tolerance: a bf16 model's logits are compared with the same weights in float32 (SDPA, or
+eager for softcapping); fa4cache's error must stay within a small factor of SDPA's own
+bf16 error against that reference, at every decode step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
+
+
+def _rel(a: Any, b: Any) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def _configs() -> dict[str, Any]:
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen3Config
+
+    small = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3}
+    return {
+        "llama-gqa": LlamaConfig(**small, num_attention_heads=8, num_key_value_heads=2, head_dim=64),
+        "qwen3": Qwen3Config(**small, num_attention_heads=4, num_key_value_heads=2, head_dim=128),
+        "mistral-sliding": MistralConfig(
+            **small, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=40
+        ),
+        "gemma2-softcap": Gemma2Config(
+            **small,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=128,
+            sliding_window=40,
+            attn_logit_softcapping=50.0,
+            query_pre_attn_scalar=128,
+        ),  # fmt: skip
+    }
+
+
+def _reference(cfg: Any) -> str:
+    return "eager" if getattr(cfg, "attn_logit_softcapping", None) else "sdpa"
+
+
+def _model(cfg: Any, impl: str, dtype: Any = None, state: Any = None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(
+        copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype or torch.bfloat16
+    )
+    if state is not None:
+        m.load_state_dict(state)
+    assert m.config._attn_implementation == impl.removeprefix("paged|")  # transformers drops "paged|"
+    return m.cuda().eval()
+
+
+def _left_padded(rng: random.Random, batch: int, length: int, vocab: int) -> tuple[Any, Any]:
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, length), device="cuda")
+    mask = torch.ones(batch, length, dtype=torch.long, device="cuda")
+    for b in range(1, batch):
+        mask[b, : rng.randrange(0, length - 4)] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> list[Any]:
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    n = ids.shape[1] + follow.shape[1] + 7
+    cache = (
+        DynamicCache(config=model.config) if kind == "dynamic" else StaticCache(model.config, max_cache_len=n)
+    )
+    outs = []
+    with torch.no_grad():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        outs.append(model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits)
+        for t in range(follow.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = mask.sum(-1, keepdim=True) - 1
+            outs.append(
+                model(
+                    input_ids=follow[:, t : t + 1],
+                    attention_mask=mask,
+                    position_ids=pos,
+                    past_key_values=cache,
+                ).logits
+            )
+    return outs
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The adapter registered; counts the KV-cache op's Python calls (a CUDA-graph replay
+    makes none)."""
+    from fa4cache.adapters import transformers as fht
+
+    from fa4cache.ops import kv_cache
+
+    fht.register()
+    fht._warned.clear()
+    calls = {"n": 0}
+    real = kv_cache._fa4_forward
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kv_cache, "_fa4_forward", counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", list(_configs()))
+def test_teacher_forced_decode_logits(seen: Any, caplog: Any, name: str, batch: int, kind: str) -> None:
+    import torch
+
+    seed = SEED + 17 * batch + len(name) + (kind == "static")
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    cfg = _configs()[name]
+    ours = _model(cfg, "fa4cache")
+    bf16 = _model(cfg, _reference(cfg))
+    exact = _model(cfg, _reference(cfg), dtype=torch.float32)
+    ids, mask = _left_padded(rng, batch, rng.randint(60, 90), cfg.vocab_size)  # prompts past the window
+    follow = torch.randint(0, cfg.vocab_size, (batch, 24), device="cuda")
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        got = _teacher_forced(ours, ids, mask, follow, kind)
+    base = _teacher_forced(bf16, ids, mask, follow, kind)
+    want = _teacher_forced(exact, ids, mask, follow, kind)
+    valid = mask.bool()
+    for t, (a, b, w) in enumerate(zip(got, base, want)):
+        a, b, w = (x[valid] if t == 0 else x for x in (a, b, w))
+        err, ref_err = _rel(a, w), _rel(b, w)
+        assert err <= 2 * ref_err + 2e-3, (t, err, ref_err)
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    assert seen["n"] >= cfg.num_hidden_layers * follow.shape[1]
+
+
+def _patterned_state(cfg: Any) -> Any:
+    """Weights trained briefly (float32) on a fixed pattern, (7 t + 3) mod V after t: greedy
+    choices far from ties, so tokens must agree exactly between attention paths."""
+    import torch
+
+    m = _model(cfg, "sdpa", dtype=torch.float32).train()
+    opt = torch.optim.Adam(m.parameters(), lr=2e-3)
+    for _ in range(150):
+        x = torch.randint(0, cfg.vocab_size, (32, 1), device="cuda")
+        seq = [x]
+        for _ in range(63):
+            seq.append((seq[-1] * 7 + 3) % cfg.vocab_size)
+        ids = torch.cat(seq, 1)
+        loss = m(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach() for k, v in m.state_dict().items()}
+
+
+def _pattern_prompts(rng: random.Random, batch: int, length: int, vocab: int) -> tuple[Any, Any]:
+
+    ids, mask = _left_padded(rng, batch, length, vocab)
+    for b in range(batch):
+        n = int(mask[b].sum())
+        tok = rng.randrange(vocab)
+        for t in range(length - n, length):
+            ids[b, t] = tok
+            tok = (tok * 7 + 3) % vocab
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mistral-sliding"])
+def test_free_running_greedy_tokens_are_identical(seen: Any, caplog: Any, name: str) -> None:
+    import torch
+
+    cfg = _configs()[name]
+    state = _patterned_state(cfg)
+    ours, ref = _model(cfg, "fa4cache", state=state), _model(cfg, "sdpa", state=state)
+    rng = random.Random(SEED + 3)
+    print(f"seed {SEED + 3}")
+    ids, mask = _pattern_prompts(rng, 8, 24, cfg.vocab_size)
+    for cache in ("dynamic", "static"):
+        kw: dict[str, Any] = {"max_new_tokens": 48, "do_sample": False, "attention_mask": mask}
+        if cache == "static":
+            kw |= {"cache_implementation": "static", "disable_compile": True}
+        with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+            out = ours.generate(ids, **kw)
+        want = ref.generate(ids, **kw)
+        new = want[:, ids.shape[1] :]
+        follows = float(((new[:, :-1] * 7 + 3) % cfg.vocab_size == new[:, 1:]).float().mean())
+        assert follows > 0.9, follows  # the model's choices are real, not ties
+        assert torch.equal(out, want), (cache, (out != want).sum())
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+
+
+def test_compiled_static_cache_decoding_replays_fa4_in_cuda_graphs(seen: Any) -> None:
+    # transformers compiles static-cache decoding (mode "reduce-overhead": CUDA graphs).
+    # The KV-cache op is one opaque node; the graphs replay FA4 with new lengths (its Python
+    # body runs far less often than once per layer and step) and the tokens are SDPA's.
+    import torch
+
+    torch._dynamo.reset()
+    cfg = _configs()["qwen3"]
+    state = _patterned_state(cfg)
+    ours, ref = _model(cfg, "fa4cache", state=state), _model(cfg, "sdpa", state=state)
+    ids, mask = _pattern_prompts(random.Random(SEED + 4), 4, 20, cfg.vocab_size)
+    kw = {"max_new_tokens": 40, "do_sample": False, "attention_mask": mask, "cache_implementation": "static"}
+    out = ours.generate(ids, **kw)
+    steps = 40 * cfg.num_hidden_layers
+    assert seen["n"] < steps / 2, (seen["n"], steps)
+    want = ref.generate(ids, **{**kw, "disable_compile": True})
+    assert torch.equal(out, want), (out != want).sum()
+
+
+def test_a_static_cache_decode_step_captured_by_hand_replays_correctly(seen: Any) -> None:
+    # One decode step of a static cache captured in a CUDA graph with FA4 inside, replayed
+    # with new tokens written into its input buffers: logits as an eager dynamic-cache run.
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    cfg = _configs()["llama-gqa"]
+    ours, ref = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    B, P, N, L = 4, 16, 12, 64
+    ids, mask = _left_padded(random.Random(SEED + 5), B, P, cfg.vocab_size)
+    follow = torch.randint(0, cfg.vocab_size, (B, N), device="cuda")
+    cache = StaticCache(ours.config, max_cache_len=L)
+    with torch.no_grad():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ours(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+        # Static buffers: the whole cache's mask (the tokens so far, then unused slots).
+        s_mask = torch.zeros(B, L, dtype=torch.long, device="cuda")
+        s_mask[:, :P] = mask
+        s_ids = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+        s_pos = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+
+        def feed(t: int) -> None:
+            s_ids.copy_(follow[:, t : t + 1])
+            s_mask[:, P + t] = 1
+            s_pos.copy_(s_mask.sum(-1, keepdim=True) - 1)
+
+        def step() -> Any:
+            return ours(
+                input_ids=s_ids, attention_mask=s_mask, position_ids=s_pos, past_key_values=cache
+            ).logits
+
+        got = []
+        feed(0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got.append(step().clone())  # step 0 eagerly (warm-up: FA4 loads its kernel)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        feed(1)
+        with torch.cuda.graph(graph):
+            s_logits = step()
+        calls = seen["n"]
+        for t in range(1, N):
+            feed(t)
+            graph.replay()
+            got.append(s_logits.clone())
+        assert seen["n"] == calls  # replays run no Python
+        dyn = DynamicCache(config=ref.config)
+        want = [ref(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=dyn).logits]
+        m = mask
+        for t in range(N):
+            m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
+            p = m.sum(-1, keepdim=True) - 1
+            want.append(
+                ref(
+                    input_ids=follow[:, t : t + 1], attention_mask=m, position_ids=p, past_key_values=dyn
+                ).logits
+            )
+    for t in range(N):
+        assert _rel(got[t], want[t + 1]) < 2e-2, (t, _rel(got[t], want[t + 1]))
+
+
+def test_decoding_compiles_nothing_after_the_first_step() -> None:
+    # Batch sizes and cache lengths do not reach FA4's compile key: after one generate, new
+    # batch sizes, prompt lengths and lengths of output compile nothing.
+    import torch
+    from fa4cache.adapters import transformers as fht
+
+    import fa4cache
+
+    fht.register()
+    store = fa4cache.install()
+    cfg = _configs()["mistral-sliding"]
+    model = _model(cfg, "fa4cache")
+    rng = random.Random(SEED + 6)
+    # Warm-up: prompts shorter and longer than the window (the packed prefill passes a
+    # window only when it is shorter than the prompt: two prefill kernels).
+    for length in (30, 60):
+        ids, mask = _left_padded(rng, 2, length, cfg.vocab_size)
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    store.counters.flush()
+    before = int(store.counters.values["compiles"])
+    for batch, length, new in ((1, 50, 70), (16, 90, 20), (33, 17, 100)):
+        ids, mask = _left_padded(rng, batch, length, cfg.vocab_size)
+        model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    torch.cuda.synchronize()
+    store.counters.flush()
+    assert int(store.counters.values["compiles"]) == before
+
+
+def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) -> None:
+    # Continuous batching (paged cache) with "paged|fa4cache": one FA4 varlen call per layer
+    # and step, no mask; greedy tokens as generate() with SDPA gives each prompt alone.
+    import torch
+    from transformers import GenerationConfig
+
+    cfg = _configs()["mistral-sliding"]
+    state = _patterned_state(cfg)
+    ours, ref = _model(cfg, "paged|fa4cache", state=state), _model(cfg, "sdpa", state=state)
+    assert ours.config._attn_implementation == "fa4cache"
+    rng = random.Random(SEED + 7)
+    prompts = []
+    for n in (5, 33, 64, 17, 90, 2):
+        tok = rng.randrange(cfg.vocab_size)
+        prompts.append([(tok * 7**i + 3 * sum(7**j for j in range(i))) % cfg.vocab_size for i in range(n)])
+    gen = GenerationConfig(max_new_tokens=48, do_sample=False, pad_token_id=0, eos_token_id=-1)
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        out = ours.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+    got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
+    for p, tokens in zip(prompts, got):
+        ids = torch.tensor([p], device="cuda")
+        want = ref.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)
+        want = want[0, len(p) :].tolist()
+        assert tokens[:48] == want, (len(p), tokens, want)
+    assert seen["n"] > 0
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
