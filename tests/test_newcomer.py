@@ -250,7 +250,8 @@ def test_doctor_exits_1_on_a_failed_check_and_names_the_jobs_toolchain(two_toolc
     assert "not the store's current one: jobs here compile anew" in p.stdout
     os.chmod(two_toolchains, 0o777)  # world-writable: a failed check
     p = run_cli(two_toolchains, "doctor")
-    assert "[FAIL] permissions" in p.stdout and p.returncode == 1
+    assert "[FAIL] cache directory" in p.stdout and "writable by group or others" in p.stdout
+    assert "directory not created yet" not in p.stdout and p.returncode == 1
 
 
 def test_one_toolchain_story_in_stats_ls_and_prune(two_toolchains: Path) -> None:

@@ -129,7 +129,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
         ok, detail = lock_works(s.cache_dir)
         line("ok" if ok else "FAIL", "file locks", detail)
-    else:
+    elif usable:
         line("info", "permissions", "directory not created yet")
     import shutil
 
