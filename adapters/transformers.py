@@ -80,8 +80,11 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     compile_ahead.watch_model_loads()
     packed_attention.op()
     kv_cache.op()
-    AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, padding_mask)
+    # "paged|fa4cache" (continuous batching) by its own name too: transformers before 5.2x
+    # accepts a "paged|" implementation only when that exact name is registered.
+    for name in (NAME, f"paged|{NAME}"):
+        AttentionInterface.register(name, attention_forward)
+        AttentionMaskInterface.register(name, padding_mask)
     _allow_continuous_batching()
     if fix_flash_attention_4:
         _fix_flash_attention_4()

@@ -148,6 +148,9 @@ def flash_attn_fwd(
     FA4 masks them); a query with no keys gets 0 and lse -inf."""
     if (cu_seqlens_k is not None) + (page_table is not None) > 1:
         raise AssertionError("page_table is not supported with cu_seqlens_k (as in FA4)")
+    for t in (cu_seqlens_q, cu_seqlens_k, seqused_k):  # FA4's own input checks
+        if t is not None and (t.dtype != torch.int32 or t.stride(0) != 1):
+            raise AssertionError("cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be contiguous int32")
     dense_q = cu_seqlens_q is None
     n = q.shape[0] if dense_q else cu_seqlens_q.numel() - 1
     if out is None:  # FA4 leaves rows outside every sequence as they were

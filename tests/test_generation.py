@@ -46,7 +46,6 @@ def fa4(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
     step_mask._cache.clear()
-    kv_cache._cache.clear()
     fht._warned.clear()
     yield seen
 

@@ -29,16 +29,7 @@ the device (``torch._assert_async``) rather than attended wrong.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
-
-from fa4cache.ops.step_mask import _key_of
-
-_lock = threading.Lock()
-# One step's (cu_seqlens_k, seqused_k), shared by the layers that see the same keys:
-# key -> (weak reference to the source tensor, value).
-_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
@@ -86,30 +77,18 @@ def _sequences(
     cu = offsets.clone()
     # Each row's value for each of its KV heads (an expand: no output size to read back).
     cu[:-1] += start[:, None].expand(batch, heads_kv).reshape(-1)
-    return cu, count[:, None].expand(batch, heads_kv).reshape(-1)
+    # FA4 asserts dense offsets: at batch 1 the reshape of an expand is a stride-0 view.
+    return cu, count[:, None].expand(batch, heads_kv).reshape(-1).contiguous()
 
 
 def sequences(
     attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int
 ) -> tuple[Any, Any]:
-    """:func:`_sequences`, computed once per step for the layers that share a mask (not
-    reused across a CUDA-graph capture: the graph must compute its own)."""
-    import torch
-
-    src = attention_mask if attention_mask is not None else position_ids
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return _sequences(attention_mask, position_ids, batch, heads_kv, keys)
-    key = (_key_of(src), attention_mask is None, batch, heads_kv, keys)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0]() is not None:
-            return hit[1]
-    value = _sequences(attention_mask, position_ids, batch, heads_kv, keys)
-    with _lock:
-        if len(_cache) > 8:  # a step uses one or two (full and sliding layers)
-            _cache.clear()
-        _cache[key] = (weakref.ref(src), value)
-    return value
+    """:func:`_sequences` for one layer. Not shared across layers: a value kept between calls
+    would stay alive in a CUDA-graph tree's memory pool without being one of the graph's
+    outputs, which torch.compile's cudagraphs refuse (seen on the H200); these are a few
+    element-wise kernels on ``[batch]`` tensors."""
+    return _sequences(attention_mask, position_ids, batch, heads_kv, keys)
 
 
 def forward(
