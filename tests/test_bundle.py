@@ -143,7 +143,6 @@ def test_the_bundle_is_no_larger_than_its_artifacts(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the bundle file to another user")
 def test_a_bundle_owned_by_an_untrusted_user_is_refused(tmp_path: Path) -> None:
-    from fa4cache.settings import Settings
 
     _fill(tmp_path / "a", [1])
     f = tmp_path / "k.fa4b"
@@ -153,7 +152,7 @@ def test_a_bundle_owned_by_an_untrusted_user_is_refused(tmp_path: Path) -> None:
         import_bundle(Store(cache_dir=tmp_path / "b"), f)
     assert _entries(tmp_path / "b") == set()
     # The same rule as base stores: name the owner, and it is trusted.
-    trusting = Store(Settings.from_env(tmp_path / "b", trusted_uids="65534"))
+    trusting = Store.at(tmp_path / "b", trusted_uids="65534")
     assert import_bundle(trusting, f).imported == len(KINDS)
     os.chown(f, 0, 0)
     os.chmod(f, 0o666)

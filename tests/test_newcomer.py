@@ -23,7 +23,6 @@ import torch
 
 import fa4cache
 from fa4cache.arch import ARCH_VAR, ARCHS, DSL_ARCH_VAR, NUM_SMS_VAR
-from fa4cache.settings import Settings
 from fa4cache.store.paths import LAYOUT, EntryRef
 from fa4cache.store.store import Store
 
@@ -42,7 +41,7 @@ def _clean_env(cache_dir: Path) -> dict[str, str]:
 
 
 def _store(root: Path) -> Store:
-    return Store(Settings.from_env(root))
+    return Store.at(root)
 
 
 def _publish(store: Store, tc: str, kind: str, n: int, *, spec: Any = None, dtype: str = "bf16") -> EntryRef:

@@ -201,12 +201,11 @@ def test_the_loader_gets_the_verified_bytes_not_the_path(
     import cutlass.cute as cute
     from fa4cache.adapters.artifacts import load_callable
 
-    from fa4cache.settings import Settings
     from fa4cache.store.store import Store
 
     from .fake_compiler import FakeFA4
 
-    store = Store(Settings.from_env(tmp_path / "c"))
+    store = Store.at(tmp_path / "c")
     FakeFA4(store).call(1, 0)
     (e,) = list(store.layout.iter_entries())
     art = store.load(e.ref)

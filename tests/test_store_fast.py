@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from fa4cache.settings import Settings
 from fa4cache.store.maintenance import prune, verify
 from fa4cache.store.paths import EntryRef
 from fa4cache.store.store import Store
@@ -18,7 +17,7 @@ from .fake_compiler import TOOLCHAIN, FakeFA4
 
 
 def _store(root: Path, **options: object) -> Store:
-    return Store(Settings.from_env(root, **options))
+    return Store.at(root, **options)
 
 
 def _only_ref(store: Store) -> EntryRef:
@@ -58,7 +57,7 @@ def test_a_failing_compile_releases_the_key_lock(tmp_path: Path) -> None:
 
 
 def _cold_process(root: str, q: multiprocessing.Queue) -> None:
-    fa = FakeFA4(Store(Settings.from_env(root)), compile_seconds=0.3)
+    fa = FakeFA4(Store.at(root), compile_seconds=0.3)
     fa.call(7, 0)
     q.put(fa.compiles)
 

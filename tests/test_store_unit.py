@@ -14,7 +14,7 @@ from fa4cache.store import EntryRef, Store
 def test_max_size_is_enforced_after_each_publish(tmp_path: Path) -> None:
     from .fake_compiler import FakeFA4
 
-    store = Store(Settings.from_env(tmp_path / "c", max_size=5_000))
+    store = Store.at(tmp_path / "c", max_size=5_000)
     fa4 = FakeFA4(store)
     for key in range(8):
         assert fa4.call(key, 1) == key + 1
@@ -22,7 +22,7 @@ def test_max_size_is_enforced_after_each_publish(tmp_path: Path) -> None:
     assert sum(sizes) <= 5_000 and len(sizes) >= 1
     assert store.counters.values["evictions"] >= 8 - len(sizes)
     # The most recent publish survives the cap: a fresh process-like cache loads it, compiling 0.
-    fresh = FakeFA4(Store(Settings.from_env(tmp_path / "c")))
+    fresh = FakeFA4(Store.at(tmp_path / "c"))
     assert fresh.call(7, 1) == 8 and fresh.compiles == 0
 
 

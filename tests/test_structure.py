@@ -171,12 +171,11 @@ def test_a_global_value_without_stable_encoding_is_refused(tmp_path: Path) -> No
 
 
 def test_prune_stale_judges_by_recorded_use_not_by_this_shells_environment(tmp_path: Path) -> None:
-    from fa4cache.settings import Settings
     from fa4cache.store.store import Store
 
     from .fake_compiler import FakeFA4
 
-    store = Store(Settings.from_env(tmp_path / "c"))
+    store = Store.at(tmp_path / "c")
     FakeFA4(store).call(1, 0)  # the job's toolchain, used just now
     # A shell with other code-generation knobs than the job computes another toolchain id.
     p = run_cli(tmp_path / "c", "prune", "--fingerprint", "stale", env={"CUTE_DSL_EXTRA_KNOB": "1"})

@@ -82,6 +82,11 @@ class Store:
         self.remote: Tier | None = self._remote_tier()
         self.tiers: tuple[Tier, ...] = self._build_tiers()
 
+    @classmethod
+    def at(cls, cache_dir: str | os.PathLike[str], **options: Any) -> Store:
+        """The store in ``cache_dir``, the other settings from the environment and ``options``."""
+        return cls(Settings.from_env(cache_dir, **options))
+
     def _build_tiers(self) -> tuple[Tier, ...]:
         bases = [ReadOnlyBase(b, self._base_trust, self._report) for b in self.bases]
         local = [self.local] if self.local else []

@@ -18,7 +18,6 @@ import filelock
 import pytest
 
 from fa4cache.errors import InsecurePath
-from fa4cache.settings import Settings
 from fa4cache.store import counters as _counters
 from fa4cache.store.maintenance import prune, verify
 from fa4cache.store.paths import LAYOUT, EntryRef
@@ -68,7 +67,7 @@ def test_sigkill_at_random_points_of_store_writes(
         time.sleep(rng.uniform(0.0, 0.15))
         p.send_signal(signal.SIGKILL)
         p.wait()
-        store = Store(Settings.from_env(d))
+        store = Store.at(d)
         rep = verify(store).as_dict()
         assert rep["clean"], rep["bad"]
         # Everything a loader would accept is byte-for-byte the real kernel.
@@ -81,7 +80,7 @@ def test_sigkill_at_random_points_of_store_writes(
         prev = now
     assert prev["compiles"] > 0
     # Leftover temp files of the dead writers are removed by a prune.
-    prune(Store(Settings.from_env(d)), older_than=10**9)
+    prune(Store.at(d), older_than=10**9)
     assert _no_partial_files(d / LAYOUT) == []
     record(
         "SIGKILL during publish / sidecar / counter writes",
@@ -108,7 +107,7 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
     assert r["corrupt"] == 0 and r["compiles"] + r["disk_hits"] == 1
     r2 = run_worker(d, "compile", "--mask", "document", "--seqlen", "777", "--no-backward")
     assert r2["compiles"] == 0 and r2["disk_hits"] == 1
-    assert verify(Store(Settings.from_env(d))).clean
+    assert verify(Store.at(d)).clean
     record(
         "SIGKILL during a real compile/export",
         "2 kills 0.5-4 s into cute.compile",
@@ -143,7 +142,7 @@ def test_sigkill_during_real_compile_and_export(tmp_path: Path, record: Any) -> 
 def test_corruption_is_detected_and_quarantined(
     doc_store_copy: Path, name: str, damage: Any, record: Any
 ) -> None:
-    store = Store(Settings.from_env(doc_store_copy))
+    store = Store.at(doc_store_copy)
     e = next(store.layout.iter_entries(kind="bwd"))
     obj = store.layout.object_path(e.ref)
     damage(obj, obj.with_suffix(".json"))
@@ -172,7 +171,7 @@ def test_bit_flip_is_recompiled_by_the_next_process(doc_store_copy: Path, record
     _flip(pre)
     r = run_worker(doc_store_copy, "geometries", "--geometries", "1", "--seed", "8")
     assert r["corrupt"] == 1 and r["compiles"] == 1 and r["disk_hits"] == 3
-    assert verify(Store(Settings.from_env(doc_store_copy))).clean
+    assert verify(Store.at(doc_store_copy)).clean
     record(
         "bit flip in a real kernel",
         "one byte of bwd_preprocess .o",
@@ -296,7 +295,7 @@ def test_sixteen_cold_processes_random_geometries(tmp_path: Path, record: Any) -
 
 def _seeded_store(doc_store: dict[str, Any], root: Path) -> tuple[Store, EntryRef, bytes]:
     src = _artifact(doc_store)
-    store = Store(Settings.from_env(root))
+    store = Store.at(root)
     ref = EntryRef("cd" * 10, "fwd", "e" * 64)
     lk = store.acquire(ref.digest)
     staged = store.staging_path(ref)
@@ -312,15 +311,15 @@ def test_world_writable_and_symlinked_store_directories(tmp_path: Path, record: 
     d.mkdir(mode=0o700)
     os.chmod(d, 0o777)
     with pytest.raises(InsecurePath, match="writable by group or others"):
-        Store(Settings.from_env(d))
-    s = Store(Settings.from_env(d, insecure_policy="warn"))
+        Store.at(d)
+    s = Store.at(d, insecure_policy="warn")
     assert s.writable is False  # documented: warn and keep kernels in memory only
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     link = tmp_path / "link"
     link.symlink_to(real)
     with pytest.raises(InsecurePath, match="symlink"):
-        Store(Settings.from_env(link))
+        Store.at(link)
     record(
         "world-writable store directory",
         "chmod 777",
@@ -355,7 +354,7 @@ def test_entries_owned_by_others_or_symlinked_are_refused(
     moved = tmp_path / "kind_elsewhere"
     kind_dir.rename(moved)
     kind_dir.symlink_to(moved)
-    fresh = Store(Settings.from_env(tmp_path / "c"))
+    fresh = Store.at(tmp_path / "c")
     assert fresh.load(ref) is None and fresh.counters.values["insecure"] == 1
     assert side.name  # the sidecar was never trusted through the link
     record("entry owned by another user", "chown nobody", "refused, counted insecure, recompiled")
