@@ -229,3 +229,35 @@ def test_toolchain_names_the_host_cpu_architecture(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     arm = toolchain(90)
     assert x86.id != arm.id and arm.describe()["machine"] == "aarch64"
+
+
+def test_the_readme_layout_names_every_module_once() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Layout") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
+    listed: list[str] = []
+    stack: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        name = line.strip().split(" ")[0]
+        if not name or not (name.endswith(".py") or name.endswith("/")):
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "".join(p for _, p in stack) + name
+        if name.endswith("/"):
+            stack.append((indent, name))
+        else:
+            listed.append(path)
+    modules = sorted(
+        str(p.relative_to(ROOT))
+        for d in PACKAGE_DIRS.values()
+        for p in d.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+        or p.parent.name in ("masks", "cli")
+        or p.parent == ROOT / "fa4cache"
+    )
+    missing = sorted(set(modules) - set(listed))
+    assert not missing, f"modules the README's layout does not name: {missing}"
+    assert len(listed) == len(set(listed)), "a module named twice"
