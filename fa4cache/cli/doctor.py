@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..settings import Settings
 from .common import human, settings_of
 
 
@@ -22,19 +23,32 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Report:
+    """Prints one line per check and counts the failed ones."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def __call__(self, status: str, what: str, detail: str) -> None:
+        self.problems += status == "FAIL"
+        print(f"[{status:^4}] {what:<28} {detail}")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
+    line = _Report()
+    _versions(line)
+    _gpu(line)
+    s, usable = _cache_directory(line, settings_of(args))
+    _target_and_toolchains(line, s)
+    _filesystem(line, s, usable)
+    _fa4_own_cache(line)
+    return 1 if line.problems else 0
+
+
+def _versions(line: _Report) -> None:
     from importlib import metadata
 
-    from fa4cache.store.fsinfo import NETWORK_FS, lock_works, mount_for
-
     from ..fingerprint import DISTRIBUTIONS
-
-    problems = 0
-
-    def line(status: str, what: str, detail: str) -> None:
-        nonlocal problems
-        problems += status == "FAIL"
-        print(f"[{status:^4}] {what:<28} {detail}")
 
     for d in DISTRIBUTIONS:
         try:
@@ -44,6 +58,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if d.startswith("nvidia-cutlass-dsl-libs-cu"):
                 status = "info"
             line(status, d, "not installed")
+
+
+def _gpu(line: _Report) -> None:
     try:
         import torch
 
@@ -58,24 +75,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             line("info", "GPU", "none: kernels can still be cross-compiled (fa4cache warm)")
     except Exception as e:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
+
+
+def _cache_directory(line: _Report, s: Settings) -> tuple[Settings, bool]:
+    """The store the workers would use (a squatted node-local path: the fallback), and
+    whether it is usable."""
     from fa4cache.errors import InsecurePath
     from fa4cache.store.root import resolve_root
 
-    s = settings_of(args)
-    usable = True
     try:
-        # The store the workers would use (a squatted node-local path: the fallback).
         root, _ = resolve_root(s, lambda tag, msg: None)
-        shown = str(root) if root == s.cache_dir else f"{root} (instead of {s.cache_dir}, not safe to use)"
-        line("ok", "cache directory", shown)
-        s = s.with_cache_dir(root)
     except InsecurePath as e:
-        usable = False
         line("FAIL", "cache directory", str(e))
+        return s, False
+    shown = str(root) if root == s.cache_dir else f"{root} (instead of {s.cache_dir}, not safe to use)"
+    line("ok", "cache directory", shown)
+    return s.with_cache_dir(root), True
+
+
+def _target_and_toolchains(line: _Report, s: Settings) -> None:
     from fa4cache.adapters.flash_attn import expected_patches
     from fa4cache.adapters.installation import job_toolchain
     from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
     from fa4cache.store.paths import Layout
+
+    from ..settings import setting
 
     target = describe()
     if target["arch"] is None:
@@ -105,20 +129,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "toolchain (store)",
         f"{recent or 'none recorded yet'}: the most recently used one that holds kernels (stats, ls, prune)",
     )
-    from ..settings import setting
-
     masking = "on" if setting("FA4CACHE_INTERVAL_MASKING") else "off (FA4CACHE_INTERVAL_MASKING=0)"
     line(
         "info",
         "interval masking",
         f"{masking}; patches FA4's Hopper (sm_90) kernels only, other archs unchanged",
     )
+
+
+def _filesystem(line: _Report, s: Settings, usable: bool) -> None:
+    import shutil
+    import stat as _stat
+
+    from fa4cache.store.fsinfo import NETWORK_FS, lock_works, mount_for
+
     root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
     mnt, fstype = mount_for(root)
     line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
     if usable and s.cache_dir.exists():  # never a lock probe in a directory that is not ours
-        import stat as _stat
-
         st = os.lstat(s.cache_dir)
         mode = _stat.S_IMODE(st.st_mode)
         own = hasattr(os, "getuid") and st.st_uid == os.getuid()
@@ -131,13 +159,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("ok" if ok else "FAIL", "file locks", detail)
     elif usable:
         line("info", "permissions", "directory not created yet")
-    import shutil
-
     try:
         du = shutil.disk_usage(root)
         line("ok" if du.free > 1 << 30 else "warn", "free space", human(du.free))
     except OSError as e:
         line("warn", "free space", str(e))
+
+
+def _fa4_own_cache(line: _Report) -> None:
     if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
         line(
             "warn",
@@ -146,4 +175,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
     else:
         line("ok", "FA4 own cache", "off (fa4cache handles persistence)")
-    return 1 if problems else 0
