@@ -261,3 +261,44 @@ def test_the_readme_layout_names_every_module_once() -> None:
     missing = sorted(set(modules) - set(listed))
     assert not missing, f"modules the README's layout does not name: {missing}"
     assert len(listed) == len(set(listed)), "a module named twice"
+
+
+@pytest.mark.parametrize(
+    "env, arch",
+    [
+        ({"FLASH_ATTENTION_ARCH": "sm_90"}, 90),
+        ({"FLASH_ATTENTION_ARCH": "sm_90a"}, 90),
+        ({"FLASH_ATTENTION_ARCH": "9.0"}, 90),
+        ({"CUTE_DSL_ARCH": "sm_100a"}, 100),
+        ({"FLASH_ATTENTION_ARCH": "sm_103"}, 103),
+        ({}, None),
+    ],
+)
+def test_one_arch_answer_for_the_cli_warm_tiles_and_the_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], arch: int | None
+) -> None:
+    from fa4cache import arch as arch_mod
+    from fa4cache.fingerprint import toolchain
+    from fa4cache.masks.tiles import DEFAULT_MASK_ARCH, target_arch
+
+    for var in ("FLASH_ATTENTION_ARCH", "CUTE_DSL_ARCH", "FLASH_ATTENTION_NUM_SMS"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert arch_mod.resolved_arch() == arch  # no torch imported here: no GPU answers
+    assert toolchain().arch == arch
+    assert target_arch() == (arch or DEFAULT_MASK_ARCH)  # masks built where nothing names a target
+    cli_env = {"FLASH_ATTENTION_ARCH": "", "CUTE_DSL_ARCH": "", "FLASH_ATTENTION_NUM_SMS": "", **env}
+    out = run_cli(tmp_path / "c", "doctor", env=cli_env).stdout
+    if arch is None:
+        with pytest.raises(arch_mod.NoTargetArch, match="FLASH_ATTENTION_ARCH"):
+            arch_mod.target_arch()
+        assert "target                       none: no GPU and FLASH_ATTENTION_ARCH unset" in out
+    else:
+        assert arch_mod.target_arch() == arch
+        sms = arch_mod.DEFAULT_NUM_SMS[arch]
+        assert f"target                       sm_{arch}, {sms} SMs" in out
+        # warm's cross-compile environment for the same arch names it the same way.
+        warm_env = arch_mod.cross_compile_env(f"sm_{arch}")
+        assert arch_mod.parse_arch(warm_env["FLASH_ATTENTION_ARCH"]) == arch
+        assert warm_env["FLASH_ATTENTION_NUM_SMS"] == str(sms)
