@@ -70,6 +70,7 @@ def wrap_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
             if watch and _misses() == misses:
                 _retire_standby()
 
+    forward.__fa4cache_ahead__ = True  # type: ignore[attr-defined]
     start_standby()
     return forward
 

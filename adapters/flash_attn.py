@@ -12,14 +12,11 @@ with :mod:`fa4cache.store.installed`, where core code finds them.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import os
 import sys
 import threading
 import types
-from collections.abc import Callable
 from typing import Any
 
 from fa4cache.errors import FA4NotAvailable
@@ -30,6 +27,7 @@ from fa4cache.store.store import Store
 
 from . import compile_cache, cross_compile, fa4_interval_masking, mask_tiles
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
+from .import_hook import PostImportHook
 from .installation import Installation, _Patch
 
 log = logging.getLogger(__name__)
@@ -51,7 +49,7 @@ def expected_patches() -> dict[str, str]:
 
 _state_lock = threading.RLock()
 _installed: Installation | None = None
-_finder: _PatchingFinder | None = None
+_finder: PostImportHook | None = None
 
 
 def _modules_to_patch() -> list[types.ModuleType]:
@@ -109,52 +107,11 @@ def _patch_loaded(inst: Installation) -> None:
         )
 
 
-class _PatchingFinder(importlib.abc.MetaPathFinder):
-    """Patches FA4 modules right after they are imported."""
-
-    def find_spec(
-        self, fullname: str, path: Any, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if not fullname.startswith(FA4_PACKAGE + "."):
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original_exec = loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            original_exec(module)
-            with _state_lock:
-                if _installed is not None:
-                    _patch_module(_installed, module)
-                    _prepare(_installed, module)
-
-        # A per-spec proxy loader: the shared loader object is left untouched.
-        spec.loader = _LoaderProxy(loader, exec_module)
-        return spec
-
-
-class _LoaderProxy(importlib.abc.Loader):
-    def __init__(self, loader: Any, exec_module: Callable[[types.ModuleType], None]) -> None:
-        self._loader = loader
-        self._exec = exec_module
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._exec(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+def _on_fa4_import(module: types.ModuleType) -> None:
+    with _state_lock:
+        if _installed is not None:
+            _patch_module(_installed, module)
+            _prepare(_installed, module)
 
 
 def fold_all_hits() -> None:
@@ -194,8 +151,8 @@ def install(cache_dir: str | os.PathLike[str] | None = None, **options: Any) -> 
             uninstall()
             raise
         if _finder is None:
-            _finder = _PatchingFinder()
-            sys.meta_path.insert(0, _finder)
+            _finder = PostImportHook(FA4_PACKAGE, _on_fa4_import)
+            _finder.install()
         from . import quack  # QuACK's jit_cache kernels go to the same store
 
         quack.enable()
@@ -208,10 +165,7 @@ def uninstall() -> None:
     with _state_lock:
         inst = _installed
         if _finder is not None:
-            try:
-                sys.meta_path.remove(_finder)
-            except ValueError:
-                pass
+            _finder.remove()
             _finder = None
         from . import quack
 

@@ -35,6 +35,7 @@ from typing import Any
 from fa4cache.store.paths import EntryRef
 
 from . import jit_cache as _jit
+from .import_hook import PostImportHook
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ KIND_PREFIX = "quack."
 
 _lock = threading.RLock()
 _enabled = False
-_finder: _Finder | None = None
+_finder: PostImportHook | None = None
 # original QuACK wrapper -> ours, and every place one was replaced (to put back).
 _routed: dict[int, tuple[Any, Callable[..., Any]]] = {}
 _replaced: list[tuple[Any, str, Any]] = []
@@ -141,8 +142,8 @@ def enable() -> int:
         _enabled = True
         n = sum(_patch_module(m) for m in _quack_modules())
         if _finder is None:
-            _finder = _Finder()
-            sys.meta_path.insert(0, _finder)
+            _finder = PostImportHook(PACKAGE, _on_quack_import, skip=(JIT_MODULE,))
+            _finder.install()
         return n
 
 
@@ -152,10 +153,7 @@ def disable() -> None:
     with _lock:
         _enabled = False
         if _finder is not None:
-            try:
-                sys.meta_path.remove(_finder)
-            except ValueError:
-                pass
+            _finder.remove()
             _finder = None
         while _replaced:
             owner, name, original = _replaced.pop()
@@ -173,44 +171,10 @@ def routed_count() -> int:
 # --------------------------------------------------------------------------- import hook
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches QuACK modules right after they are imported."""
-
-    def find_spec(
-        self, fullname: str, path: Any, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if not fullname.startswith(PACKAGE + ".") or fullname == JIT_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        spec.loader = _Loader(loader)  # a per-spec proxy: the shared loader is left untouched
-        return spec
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._loader.exec_module(module)
-        with _lock:
-            if _enabled:
-                _patch_module(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+def _on_quack_import(module: types.ModuleType) -> None:
+    with _lock:
+        if _enabled:
+            _patch_module(module)
 
 
 # --------------------------------------------------------------------------- async pool

@@ -129,9 +129,12 @@ def layers(f):
         f = getattr(f, '__wrapped__', None)
 for name in ('_flash_attn_fwd', '_flash_attn_bwd'):
     chain = list(layers(getattr(fi, name)))
-    fits = [o for o in chain if getattr(o, '__fa4cache_fits_masks__', False)]
-    guards = [o for o in chain if getattr(o, '__fa4cache_guard__', False) and o not in fits]
+    # functools.wraps copies the inner layers' marks outward: count each mark where it is set.
+    ahead = [o for o in chain if o.__dict__.get('__fa4cache_ahead__')]
+    fits = [o for o in chain if getattr(o, '__fa4cache_fits_masks__', False) and o not in ahead]
+    guards = [o for o in chain if getattr(o, '__fa4cache_guard__', False) and o not in fits + ahead]
     assert len(fits) == 1 and len(guards) == 1, (name, chain)
+    assert len(ahead) == (name == '_flash_attn_fwd'), (name, chain)  # compile-ahead: the forward only
 fa4cache.uninstall(); fa4cache.uninstall()
 from flash_attn.cute.cache_utils import JITCache
 assert isinstance(fi._flash_attn_fwd.compile_cache, JITCache)
