@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fa4cache.aot.spec import manifest_entries
 from fa4cache.arch import ARCH_ENV, ARCHS
 from fa4cache.errors import ConfigError
 
@@ -112,18 +113,8 @@ class JitCall:
 
 
 def load_jit_manifest(path: str | Path) -> list[JitCall]:
-    """The ``jit`` entries of a manifest (FA4 specs are :func:`fa4cache.spec.load_manifest`'s)."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"manifest {p}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"manifest {p}: not valid JSON ({e})") from None
-    if isinstance(data, dict) and "specs" in data:
-        data = data["specs"]
-    if not isinstance(data, list):
-        raise ConfigError(f"manifest {p}: expected a JSON list of specs")
+    """The ``jit`` entries of a manifest (FA4 specs are :func:`fa4cache.aot.spec.load_manifest`'s)."""
+    p, data = manifest_entries(path)
     return [
         JitCall.from_dict(d, where=f"manifest {p} entry {i}") for i, d in enumerate(data) if is_jit_entry(d)
     ]

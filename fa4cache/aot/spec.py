@@ -115,8 +115,8 @@ def relevant_fields(spec: dict[str, Any]) -> dict[str, Any]:
 _OPTIONAL = ("softcap", "heads_kv", "head_dim_v")
 
 
-def load_manifest(path: str | Path) -> list[KernelSpec]:
-    """Read a JSON list of spec objects; errors name the file and the entry."""
+def manifest_entries(path: str | Path) -> tuple[Path, list[Any]]:
+    """A manifest's entries (a JSON list, or ``{"specs": [...]}``); errors name the file."""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -128,6 +128,12 @@ def load_manifest(path: str | Path) -> list[KernelSpec]:
         data = data["specs"]
     if not isinstance(data, list):
         raise ConfigError(f"manifest {p}: expected a JSON list of specs")
+    return p, data
+
+
+def load_manifest(path: str | Path) -> list[KernelSpec]:
+    """The FA4 specs of a manifest; errors name the file and the entry."""
+    p, data = manifest_entries(path)
     # Entries naming a jit_cache function ("jit") are fa4cache.aot.jit_spec's.
     return [
         KernelSpec.from_dict(d, where=f"manifest {p} entry {i}")
