@@ -388,10 +388,11 @@ def watch_model_loads() -> None:
     def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            if getattr(self.config, "_attn_implementation", None) == "fa4cache":
+            if enabled() and getattr(self.config, "_attn_implementation", None) == "fa4cache":
                 start_model_set(specs_of_config(self.config))
         except Exception as e:  # the model must load whatever happens here
-            log.warning("fa4cache: not compiling the model's kernels ahead (%s: %s)", type(e).__name__, e)
+            # An optimisation skipped, not a problem: a shape warm cannot list compiles at its step.
+            log.info("fa4cache: not compiling the model's kernels ahead (%s: %s)", type(e).__name__, e)
         return result
 
     post_init.__fa4cache_compile_ahead__ = True  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 people = _sec.people  # the victim and the attacker (a module-scoped fixture)
 RACE_SECONDS = 15.0
 CUTE_PRELOAD = (*PRELOAD, "fa4cache.adapters.artifacts", "tests.cute_preload")
-HOOK_PRELOAD = (*PRELOAD, "fa4cache.ray_integration.hook", "fa4cache.adapters.flash_attn")
+HOOK_PRELOAD = (*PRELOAD, "fa4cache.ray_integration.hook", "fa4cache.adapters.installer")
 
 
 def _as(user: User, preload: tuple[str, ...]) -> User:
