@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +168,29 @@ def compile_spec(spec: KernelSpec) -> None:
             fi._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=causal, softcap=softcap, **mk)
 
 
+def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], None]) -> dict[str, Any]:
+    """Run one warm item; what the store's counters say it did (compiles, kernels present,
+    compile seconds), its wall time and its error, if any (one bad item must not stop the others)."""
+    fold()
+    before = dict(store.counters.values)
+    t0 = time.perf_counter()
+    err = None
+    try:
+        run()
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+        log.warning("fa4cache warm: %s failed: %s", label, err)
+    fold()
+    c = store.counters.values
+    return {
+        "compiles": int(c["compiles"] - before["compiles"]),
+        "present": int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
+        "seconds": time.perf_counter() - t0,
+        "error": err,
+        "compile_seconds": float(c["compile_seconds"] - before["compile_seconds"]),
+    }
+
+
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
     """Compile ``specs`` into the store in this process; returns one result per spec."""
     from .compile_cache import ahead_off as off
@@ -178,27 +202,11 @@ def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResu
     results = []
 
     for spec in specs:
-        fold_all_hits()
-        before = dict(store.counters.values)
-        t0 = time.perf_counter()
-        err = None
-        try:
+
+        def run(spec: KernelSpec = spec) -> None:
             with off():  # warm compiles the whole set itself
                 compile_spec(spec)
-        except Exception as e:  # one bad spec must not stop the others
-            err = f"{type(e).__name__}: {e}"
-            log.warning("fa4cache warm: %s failed: %s", spec.label(), err)
-        fold_all_hits()
-        c = store.counters.values
-        results.append(
-            WarmResult(
-                spec=spec,
-                compiles=int(c["compiles"] - before["compiles"]),
-                present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
-                seconds=time.perf_counter() - t0,
-                error=err,
-                compile_seconds=float(c["compile_seconds"] - before["compile_seconds"]),
-            )
-        )
+
+        results.append(WarmResult(spec, **counted(store, fold_all_hits, spec.label(), run)))
     store.counters.flush()
     return results

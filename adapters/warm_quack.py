@@ -14,7 +14,6 @@ import importlib
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +180,7 @@ def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarm
     """Compile ``calls`` into the store in this process; one result per call."""
     from .flash_attn import install
     from .jit_cache import fold_all_hits
-    from .warm import set_cross_compile_env
+    from .warm import counted, set_cross_compile_env
 
     if not calls:
         return []
@@ -197,26 +196,12 @@ def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarm
     store = install(cache_dir)
     results = []
     for call in calls:
-        fold_all_hits()
-        before = dict(store.counters.values)
-        t0 = time.perf_counter()
-        err = None
-        try:
+
+        def run(call: JitCall = call) -> None:
             fn = resolve(call.function)
             fn(*decode(list(call.args)), **{k: decode(v) for k, v in call.kwargs})
-        except Exception as e:  # one bad call must not stop the others
-            err = f"{type(e).__name__}: {e}"
-            log.warning("fa4cache warm: %s failed: %s", call.label(), err)
-        fold_all_hits()
-        c = store.counters.values
-        results.append(
-            JitWarmResult(
-                call=call,
-                compiles=int(c["compiles"] - before["compiles"]),
-                present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
-                seconds=time.perf_counter() - t0,
-                error=err,
-            )
-        )
+
+        r = counted(store, fold_all_hits, call.label(), run)
+        results.append(JitWarmResult(call, r["compiles"], r["present"], r["seconds"], r["error"]))
     store.counters.flush()
     return results
