@@ -1,17 +1,20 @@
 """Compile-ahead: the kernels a step will need compile side by side, before it asks.
 
 * **Forward miss.** When this process misses on a forward kernel, the backward kernels
-  of the same call (listed by FA4's own keys, :mod:`.kernel_set`) start compiling at once
-  in worker processes (:mod:`.compile_pool`, a GPU-blind CPU cross-compile) while this
-  process compiles the forward. The backward then finds them in the store, or waits on
+  of the same call (listed by FA4's own keys, :mod:`.kernel_set`) start compiling at once,
+  one per process forked by this process's compile server (:mod:`.compile_pool`, a
+  GPU-blind CPU cross-compile that has imported FA4 already), while this process compiles
+  the forward. The backward then finds them in the store, or waits on
   the lock the worker holds: the per-key lock means no kernel is compiled twice.
-* **Waiting helps.** A process blocked on another's compile of a forward kernel compiles
-  not-yet-started kernels of the same set meanwhile, each taken through ``try_lock``.
+* **Waiting helps.** A process blocked on another's compile of a forward kernel starts the
+  not-yet-started kernels of the same set meanwhile (in its server's children, else in
+  itself), each taken through ``try_lock``.
 * **Model load.** :func:`start_model_set` (called when a transformers model is built for
   ``attn_implementation="fa4cache"``) starts the model's whole kernel set, as ``warm
   --hf-config`` lists it.
-* On a GPU host, a few workers start (importing FA4) when FA4 is imported, so that a
-  cold step does not wait for a worker's imports; they leave once a forward hits.
+* On a GPU host the compile server starts (importing FA4) when FA4 is imported, so that a
+  cold step never waits for an import; it leaves after a run of forward calls that
+  compiled nothing, and starts again at a later miss.
 
 ``FA4CACHE_COMPILE_AHEAD=0`` turns all of it off. ``fa4cache stats`` counts the kernels
 compiled ahead and the compile seconds they kept off the critical path.
@@ -37,10 +40,12 @@ log = logging.getLogger(__name__)
 _tl = threading.local()
 _lock = threading.Lock()
 _launched: dict[str, float] = {}  # digest -> when a worker of ours started compiling it
-_standby: list[compile_pool.Worker] = []
-_standby_done = False
+_server: compile_pool.Worker | None = None
+_quiet_forwards = 0  # forward calls in a row that compiled nothing
 _model_sets: set[str] = set()
-MAX_STANDBY = 4
+# Forward calls in a row with no compile after which the server leaves (its memory back):
+# a few steps of a model, whose layers call the forward once each.
+RETIRE_AFTER = 256
 
 
 def enabled() -> bool:
@@ -61,17 +66,17 @@ def wrap_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
         prev = getattr(_tl, "call", None)
         _tl.call = (args, kwargs)
-        watch = prev is None and _standby and not _standby_done
+        watch = prev is None and _server is not None
         misses = _misses() if watch else 0
         try:
             return fn(*args, **kwargs)
         finally:
             _tl.call = prev
-            if watch and _misses() == misses:
-                _retire_standby()
+            if watch:
+                _after_forward(compiled=_misses() != misses)
 
     forward.__fa4cache_ahead__ = True  # type: ignore[attr-defined]
-    start_standby()
+    start_server_early()
     return forward
 
 
@@ -155,7 +160,10 @@ def _on_miss(event: str, cache: Any, key: Any, ref: Any, waited: float) -> None:
         if event == "compiling":
             _start_backward(call)
         elif event == "waiting":
-            _help_while_held(call, ref)
+            if _server is not None and _server.proc.poll() is None:
+                _start_backward(call)  # the server's children take them: this process stays free
+            else:
+                _help_while_held(call, ref)
     finally:
         _tl.busy = False
 
@@ -201,26 +209,19 @@ def _start_backward(call: tuple[Any, Any]) -> None:
         "ahead": True,
         "toolchain": tc.id,
     }
+    server = _get_server()
+    if server is None:
+        return
     now = time.perf_counter()
     with _lock:
         for k in kernels:
             _launched.setdefault(k.digest, now)
-    n = min(len(kernels), compile_pool.cpu_count())
-    workers = _take_standby(n)
-    env = compile_pool.target_env(tc.arch, tc.num_sms)
-    if env is None:
-        return
-    store = runtime.installed_store()
-    assert store is not None
-    env["FA4CACHE_DIR"] = str(store.root)
-    workers += compile_pool.start(n - len(workers), env, on_started=_started)
-    for w in workers:
-        w.submit(task)
-        w.close(wait=False)  # it exits when the task is done
+    n = _children(len(kernels))
+    server.submit({**task, "fork": n})
     log.info(
         "fa4cache: compiling %d backward kernel(s) ahead in %d background worker(s): %s",
         len(kernels),
-        len(workers),
+        n,
         ", ".join(k.kind for k in kernels),
     )
 
@@ -271,40 +272,51 @@ def _started(kind: str, digest: str) -> None:
         _launched.setdefault(digest, time.perf_counter())
 
 
-# ------------------------------------------------------------------ standby workers
+# ------------------------------------------------------------------ the compile server
 
 
-def _standby_count() -> int:
+def _children(kernels: int) -> int:
+    """Workers for ``kernels`` kernels: this process's share of the node's CPU cores
+    (``LOCAL_WORLD_SIZE`` processes, as torchrun sets it, share them)."""
     import os
 
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-    return max(1, min(MAX_STANDBY, compile_pool.cpu_count() // max(per_node, 1) - 1))
+    per_node = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)
+    return max(1, min(kernels, compile_pool.cpu_count() // per_node))
 
 
-def start_standby() -> None:
-    """On a GPU host, start workers now (they import FA4 while this process does), for a
-    cold first step; CPU-only processes start workers when a miss needs them."""
-    global _standby_done
-    if _standby or _standby_done or not enabled():
+def _get_server(*, start: bool = True) -> compile_pool.Worker | None:
+    """This process's compile server, started (GPU-blind, importing FA4) if there is none."""
+    global _server
+    with _lock:
+        if _server is not None and _server.proc.poll() is None:
+            return _server
+        if not start:
+            return None
+        store = runtime.installed_store()
+        env = compile_pool.target_env()
+        if store is None or not store.writable or env is None:
+            return None
+        env["FA4CACHE_DIR"] = str(store.root)
+        _server = compile_pool.Worker(env, on_started=_started, keep_results=False)
+        return _server
+
+
+def start_server_early() -> None:
+    """On a GPU host, start the compile server now (it imports FA4 while this process does),
+    so that a cold first step never waits for it; CPU-only processes start it at a miss."""
+    if _server is not None or not enabled():
         return
     from .cross_compile import gpu_present
 
-    store = runtime.installed_store()
-    if store is None or not store.writable or not gpu_present():
-        return
-    env = compile_pool.target_env()
-    if env is None:
-        return
-    env["FA4CACHE_DIR"] = str(store.root)
-    _standby.extend(compile_pool.start(_standby_count(), env, on_started=_started))
+    if gpu_present():
+        _get_server()
 
 
-def _take_standby(n: int) -> list[compile_pool.Worker]:
-    with _lock:
-        taken = [w for w in _standby if w.proc.poll() is None][:n]
-        for w in taken:
-            _standby.remove(w)
-    return taken
+def _after_forward(*, compiled: bool) -> None:
+    global _quiet_forwards
+    _quiet_forwards = 0 if compiled else _quiet_forwards + 1
+    if _quiet_forwards >= RETIRE_AFTER:
+        _retire_server()
 
 
 def _misses() -> float:
@@ -312,21 +324,22 @@ def _misses() -> float:
     return store.counters.values["misses"] if store is not None else 0
 
 
-def _retire_standby() -> None:
-    """After a forward that compiled nothing, the idle standby workers leave."""
-    global _standby_done
-    _standby_done = True
+def _retire_server() -> None:
+    """The server leaves once its children are done (a later miss starts another)."""
+    global _server, _quiet_forwards
     with _lock:
-        idle, _standby[:] = list(_standby), []
-    for w in idle:
-        w.close(wait=False)
+        server, _server = _server, None
+    _quiet_forwards = 0
+    if server is not None:
+        server.close(wait=False)
 
 
 # ------------------------------------------------------------------ model load
 
 
 def start_model_set(specs: list[Any]) -> list[compile_pool.Worker]:
-    """Start compiling ``specs`` (a model's kernel set) in background workers; returns them."""
+    """Start compiling ``specs`` (a model's kernel set) in background workers; returns the
+    server that forks them."""
     import json
 
     if not specs or not enabled():
@@ -336,33 +349,26 @@ def start_model_set(specs: list[Any]) -> list[compile_pool.Worker]:
         if sig in _model_sets:
             return []
         _model_sets.add(sig)
-    store = runtime.installed_store()
-    env = compile_pool.target_env()
-    if store is None or not store.writable or env is None:
+    server = _get_server()
+    if server is None:
         return []
-    env["FA4CACHE_DIR"] = str(store.root)
     from .warm_parallel import default_jobs
 
-    global _standby_done
-    _standby_done = True  # these workers are the standby
-    n = default_jobs(specs)
-    workers = _take_standby(n)
-    workers += compile_pool.start(n - len(workers), env, on_started=_started)
+    n = _children(default_jobs(specs))
     task = {
         "jobs": [kernel_set.SpecJob(s.to_dict()) for s in specs],
         "targets": None,
         "wait": False,
         "ahead": True,
+        "fork": n,
     }
-    for w in workers:
-        w.submit(task)
-        w.close(wait=False)
+    server.submit(task)
     log.info(
         "fa4cache: compiling the kernel set of %s in %d background worker(s)",
         "; ".join(s.label() for s in specs),
-        len(workers),
+        n,
     )
-    return workers
+    return [server]
 
 
 def specs_of_config(config: Any) -> list[Any]:

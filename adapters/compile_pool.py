@@ -1,13 +1,14 @@
-"""Compile worker processes, seen from the parent: start, hand tasks, collect results, reap.
+"""Compile servers, seen from the parent: start, hand tasks, collect results, reap.
 
-Workers (:mod:`.compile_worker`) cross-compile on the CPU: they start with
+A server (:mod:`.compile_worker`) cross-compiles on the CPU: it starts with
 ``CUDA_VISIBLE_DEVICES=""`` and the target arch and SM count of the kernels the parent
-runs, so they never hold a GPU and their kernels carry the parent's toolchain. They
-die with the parent (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog in the worker);
-on a normal exit the parent ends idle workers and lets busy ones finish their kernels
-(a kernel half-compiled is a kernel lost). ``PR_SET_PDEATHSIG`` fires when the *thread*
-that started the worker ends, so workers are started from the thread calling FA4 (the
-watchdog covers the rest).
+runs, so it never holds a GPU and its kernels carry the parent's toolchain. It imports
+FA4 once and forks a child per unit of work, so N kernels in flight cost one import, not
+N. It dies with the parent (``PR_SET_PDEATHSIG`` plus a parent-pid check in the server),
+its children with it; on a normal exit the parent ends idle servers and lets busy ones
+finish their kernels (a kernel half-compiled is a kernel lost). ``PR_SET_PDEATHSIG`` fires
+when the *thread* that started the server ends, so servers are started from the thread
+calling FA4 (the parent-pid check covers the rest).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,14 +54,15 @@ def target_env(arch: int | None = None, num_sms: int | None = None) -> dict[str,
 
 
 class Worker:
-    """One worker process. ``on_started(kind, digest)`` is called (from a reader thread)
-    as the worker starts compiling a kernel."""
+    """One compile server process. ``on_started(kind, digest)`` is called (from a reader
+    thread) as one of its children starts compiling a kernel."""
 
     def __init__(
         self,
         env: dict[str, str],
         *,
         on_started: Callable[[str, str], None] | None = None,
+        keep_results: bool = True,
     ) -> None:
         full = dict(os.environ)
         full.update(env)
@@ -76,12 +79,14 @@ class Worker:
             stderr=subprocess.PIPE,
             env=full,
         )
+        self.started_at = time.perf_counter()
         self.ready = threading.Event()
         self.busy = 0
         self.results: collections.deque[dict[str, Any]] = collections.deque()
         self._result = threading.Condition()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._on_started = on_started
+        self._keep_results = keep_results  # False: fire and forget (results only logged)
         threading.Thread(target=self._read_stdout, name="fa4cache-worker-out", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="fa4cache-worker-err", daemon=True).start()
         with _live_lock:
@@ -97,13 +102,21 @@ class Worker:
             line = raw.decode(errors="replace").rstrip("\n")
             if line == "READY":
                 self.ready.set()
+                log.debug(
+                    "fa4cache: compile server %d ready in %.2f s",
+                    self.pid,
+                    time.perf_counter() - self.started_at,
+                )
             elif line.startswith("STARTED "):
                 _, kind, digest = line.split(" ", 2)
                 if self._on_started is not None:
                     self._on_started(kind, digest)
             elif line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT ") :])
+                _log_result(result)
                 with self._result:
-                    self.results.append(json.loads(line[len("RESULT ") :]))
+                    if self._keep_results:
+                        self.results.append(result)
                     self.busy -= 1
                     self._result.notify_all()
         self.ready.set()
@@ -119,8 +132,9 @@ class Worker:
             self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
 
     def submit(self, task: dict[str, Any]) -> None:
+        """Hand ``task`` to ``task["fork"]`` (default 1) children; one result comes per child."""
         with self._result:
-            self.busy += 1
+            self.busy += max(1, int(task.get("fork", 1)))
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(encode_task(task))
@@ -131,7 +145,7 @@ class Worker:
                 self.busy = 0
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
-        """The next task result (waits); an ``error`` entry if the worker died first."""
+        """The next child's result (waits); an ``error`` entry if the server died first."""
         with self._result:
             self._result.wait_for(lambda: self.results or self.proc.poll() is not None, timeout)
             if self.results:
@@ -156,14 +170,17 @@ class Worker:
         self.proc.wait()
 
 
-def start(n: int, env: dict[str, str], **kw: Any) -> list[Worker]:
-    return [Worker(env, **kw) for _ in range(n)]
+def _log_result(result: dict[str, Any]) -> None:
+    if result.get("error"):
+        log.debug("fa4cache: compile worker failed: %s", result["error"])
+    for kind, t0, t1 in result.get("spans", {}).values():
+        log.debug("fa4cache: compile worker %s compiled %s in %.2f s", result.get("pid"), kind, t1 - t0)
 
 
 @atexit.register
 def _reap() -> None:
     # Busy workers finish their kernel (it lands in the store for the next process); idle
-    # ones (a standby still importing FA4, say) end at once: an exit never waits on them.
+    # ones (a server still importing FA4, say) end at once: an exit never waits on them.
     with _live_lock:
         workers = list(_live)
     busy = [w for w in workers if w.busy > 0]
@@ -191,43 +208,7 @@ def fork_run(task: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """Run ``task`` in ``n`` children forked from this process, which has installed the store
     and imported FA4 (a child starts compiling at once and costs no second import); their
     results, in order. A child dies with this process like a spawned worker."""
-    from fa4cache.store import counters
-    from fa4cache.store import installed as runtime
-
     from . import compile_worker
 
-    parent = os.getpid()
-    children: list[tuple[int, int]] = []
-    for _ in range(n):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = 0
-            try:
-                os.close(r)
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (progress lines are for a pipe, not the CLI's output)
-                os.environ[PARENT_ENV] = str(parent)
-                os.environ["FA4CACHE_COMPILE_AHEAD"] = "0"
-                compile_worker.die_with_parent()
-                store = runtime.installed_store()
-                if store is not None:  # counters are per process: the parent's would not persist here
-                    store.counters = counters.Counters(store.layout.stats_dir if store.writable else None)
-                out = compile_worker.run_task(task)
-            except BaseException as e:
-                out, code = {"error": f"{type(e).__name__}: {e}", "jobs": []}, 1
-            try:
-                os.write(w, json.dumps(out).encode())
-            finally:
-                os._exit(code)
-        os.close(w)
-        children.append((pid, r))
-    results = []
-    for pid, r in children:
-        with os.fdopen(r, "rb") as f:
-            data = f.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            results.append(json.loads(data))
-        except ValueError:
-            results.append({"error": f"compile worker {pid} ended without a result ({status})", "jobs": []})
-    return results
+    children = [compile_worker.fork_child(task, progress=False) for _ in range(n)]
+    return [compile_worker.collect(pid, r) for pid, r in children]

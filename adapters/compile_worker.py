@@ -1,16 +1,22 @@
-"""A compile worker process: ``python -m fa4cache.adapters.compile_worker``.
+"""A compile server process: ``python -m fa4cache.adapters.compile_worker``.
 
 Started by :mod:`.compile_pool` with ``CUDA_VISIBLE_DEVICES=""`` and the parent's target
-arch, it imports FA4 once, says ``READY``, then runs tasks read from stdin (a length
-and a pickle each) until stdin ends. A task names jobs (:mod:`.kernel_set`); the worker
-lists their kernels and takes them one at a time through the per-key lock (``try_lock``):
-a kernel another process is compiling is left to it, so N workers and any number of
-training processes compile each kernel once. Output lines: ``READY``, ``STARTED <kind>
-<digest>``, ``RESULT <json>``.
+arch, it imports FA4 once, says ``READY``, then reads tasks from stdin (a length and a
+pickle each) until stdin ends. For each task it *forks* ``task["fork"]`` children (default
+1): a child starts compiling within milliseconds, with FA4 already imported, where a fresh
+worker would first pay the import (seconds; 10 s and more on a busy GPU host). The server
+never touches a GPU or starts a thread before it forks, so forking is safe.
 
-It never outlives its parent: ``PR_SET_PDEATHSIG`` (Linux) kills it with the parent, and a
-watchdog thread exits when the parent pid changes (a parent killed before the signal
-was armed, or another OS).
+A task names jobs (:mod:`.kernel_set`); each child lists their kernels and takes them one
+at a time through the per-key lock (``try_lock``): a kernel another process is compiling
+is left to it, so any number of children, servers and training processes compile each
+kernel once. Output lines: ``READY``, ``STARTED <kind> <digest>``, ``RESULT <json>`` (one
+per child); each is one ``write`` to the pipe, so that children's lines never interleave.
+
+Nothing outlives the parent: ``PR_SET_PDEATHSIG`` (Linux) kills the server with the parent
+and each child with the server, and a watchdog exits when the parent pid changes (a
+parent killed before the signal was armed, or another OS). On stdin's end the server
+waits for its children (a kernel half-compiled is a kernel lost), then exits.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ PARENT_ENV = "FA4CACHE_WORKER_PARENT"
 _HEADER = struct.Struct("<Q")
 
 
-def die_with_parent() -> None:
+def die_with_parent(*, watch: bool = True) -> None:
+    """Die with the process named by ``FA4CACHE_WORKER_PARENT``. ``watch=False``: no
+    watchdog thread (the server forks, and polls its parent itself)."""
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if sys.platform.startswith("linux"):
         import ctypes
@@ -42,14 +50,14 @@ def die_with_parent() -> None:
     if parent and os.getppid() != parent:
         os._exit(0)  # the parent died before the signal was armed
 
-    def watch() -> None:
+    def watchdog() -> None:
         while True:
             time.sleep(0.5)
             if os.getppid() != parent:
                 os._exit(0)
 
-    if parent:
-        threading.Thread(target=watch, name="fa4cache-parent-watch", daemon=True).start()
+    if parent and watch:
+        threading.Thread(target=watchdog, name="fa4cache-parent-watch", daemon=True).start()
 
 
 def read_task(fd: int = 0) -> Any | None:
@@ -75,9 +83,12 @@ def encode_task(task: Any) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-def _say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+def _say(line: str, fd: int = 1) -> None:
+    # One write per line, without Python's buffered stdout (and its lock, which a fork
+    # could copy half-held): lines of several processes on one pipe stay whole.
+    data = (line + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 # Longest first: with several workers the long kernels start at once.
@@ -105,6 +116,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     errors: dict[int, str] = {}
     todo: list[tuple[int, Any]] = []
     seen: set[str] = set()
+    t_plan = time.time()
     for i, job in enumerate(jobs):
         try:
             kernels = kernel_set.plan(job.run)
@@ -118,6 +130,9 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
                 todo.append((i, k))
     todo.sort(key=lambda t: _ORDER.get(t[1].kind, 2))
     compiled: dict[str, float] = {}
+    # When each kernel this process compiled started and ended (wall clock), for a timeline.
+    spans: dict[str, tuple[str, float, float]] = {}
+    plan_s = time.time() - t_plan
     left: list[tuple[int, Any]] = []
 
     def present(k: Any) -> bool:
@@ -128,6 +143,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         # What the store counts as this kernel's compile seconds (miss to publish), so that
         # warm's table and `fa4cache stats` give one number.
         before = store.counters.values.get("compile_seconds", 0.0)
+        t0 = time.time()
         try:
             outcome = kernel_set.compile_one(jobs[i].run, k, held)
         except Exception as e:
@@ -135,6 +151,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             return
         if outcome == "compiled":
             compiled[k.digest] = store.counters.values.get("compile_seconds", 0.0) - before
+            spans[k.digest] = (k.kind, t0, time.time())
             if task.get("ahead"):
                 store.counters.add("ahead_compiles")
 
@@ -155,11 +172,102 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
             if not present(k):
                 compile_it(i, k, None)  # waits on the holder's lock, then loads or compiles
     store.counters.flush()
-    return {"jobs": planned, "compiled": compiled, "errors": {str(i): e for i, e in errors.items()}}
+    return {
+        "jobs": planned,
+        "compiled": compiled,
+        "errors": {str(i): e for i, e in errors.items()},
+        "pid": os.getpid(),
+        "plan_s": plan_s,
+        "spans": spans,
+    }
+
+
+def fork_child(task: dict[str, Any], *, progress: bool = True) -> tuple[int, int]:
+    """Fork a child that runs ``task`` and writes its result (JSON) to a pipe: its pid and
+    the pipe's read end. ``progress``: its ``STARTED`` lines go to stdout (a server's pipe;
+    not a CLI's output). Call from a process that has installed the store and imported FA4,
+    holds no GPU and no key lock, and runs one thread (what a fork copies is then whole).
+    The child dies with this process."""
+    from fa4cache.store import counters
+    from fa4cache.store import installed as runtime
+
+    parent = os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        return pid, r
+    code = 0  # the child: never returns
+    try:
+        os.close(r)
+        if not progress:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+        os.environ[PARENT_ENV] = str(parent)
+        os.environ["FA4CACHE_COMPILE_AHEAD"] = "0"
+        die_with_parent()
+        store = runtime.installed_store()
+        if store is not None:  # counters are per process: the parent's would not persist here
+            store.counters = counters.Counters(store.layout.stats_dir if store.writable else None)
+        out = run_task(task)
+        if store is not None:
+            store.flush_touches()
+    except BaseException as e:
+        out, code = {"error": f"{type(e).__name__}: {e}", "jobs": []}, 1
+    try:
+        _say(json.dumps(out), w)
+    finally:
+        os._exit(code)
+
+
+def collect(pid: int, r: int) -> dict[str, Any]:
+    """A forked child's result, once it has ended."""
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": f"compile worker {pid} ended without a result (status {status})", "jobs": []}
+
+
+def serve() -> None:
+    """Read tasks from stdin and fork their children until stdin ends and every child has
+    reported; one thread throughout (children are forked from it)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ, None)
+    children: dict[int, int] = {}  # read end -> pid
+    parent = int(os.environ.get(PARENT_ENV) or 0)
+    open_stdin = True
+    while open_stdin or children:
+        if parent and os.getppid() != parent:
+            os._exit(0)  # the parent is gone (another OS, or a signal not armed)
+        for key, _ in sel.select(timeout=0.5):
+            if key.fd == 0:
+                task = read_task()
+                if task is None:
+                    sel.unregister(0)
+                    open_stdin = False
+                    continue
+                for _ in range(max(1, int(task.get("fork", 1)))):
+                    try:
+                        pid, r = fork_child(task)
+                    except OSError as e:  # out of processes or memory: one result says so
+                        _say("RESULT " + json.dumps({"error": f"cannot fork: {e}", "jobs": []}))
+                        continue
+                    children[r] = pid
+                    sel.register(r, selectors.EVENT_READ, None)
+            else:
+                sel.unregister(key.fd)
+                out = collect(children.pop(key.fd), key.fd)
+                _say("RESULT " + json.dumps(out))
 
 
 def main() -> int:
-    die_with_parent()
+    die_with_parent(watch=False)
     import logging
     import warnings
 
@@ -170,27 +278,13 @@ def main() -> int:
     from .flash_attn import install
 
     install()
-    import flash_attn.cute.interface  # noqa: F401  (imported now, so that a task starts compiling at once)
+    import flash_attn.cute.interface  # noqa: F401  (imported once, here: every child has it)
 
     _say("READY")
-    while True:
-        task = read_task()
-        if task is None:
-            # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the
-            # counters and use records are what needs writing.
-            from fa4cache.store import installed as runtime
-
-            store = runtime.installed_store()
-            if store is not None:
-                store.flush_touches()
-                store.counters.flush()
-            sys.stdout.flush()
-            os._exit(0)
-        try:
-            result = run_task(task)
-        except Exception as e:
-            result = {"error": f"{type(e).__name__}: {e}", "jobs": []}
-        _say("RESULT " + json.dumps(result))
+    serve()
+    # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the
+    # children wrote their counters and use records.
+    os._exit(0)
 
 
 if __name__ == "__main__":

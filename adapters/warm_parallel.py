@@ -1,6 +1,8 @@
 """``fa4cache warm -j N``: the kernels of every spec spread over N worker processes.
 
-Each worker lists the kernels of all specs (FA4's own compile keys, :mod:`.kernel_set`)
+Workers are forked after FA4 is imported (from this process where it holds no GPU, else
+from one GPU-blind compile server), so the import is paid once. Each worker lists the
+kernels of all specs (FA4's own compile keys, :mod:`.kernel_set`)
 and takes them one by one through the per-key lock, longest first, so ``-j`` speeds up
 one spec as well as many; every kernel is compiled once, by whichever worker took it.
 """
@@ -45,15 +47,13 @@ def warm_parallel(specs: list[KernelSpec], jobs: int, cache_dir: str) -> list[di
     if env is None:
         raise RuntimeError("warm: no target arch (set_cross_compile_env first)")
     env["FA4CACHE_DIR"] = cache_dir
-    workers = compile_pool.start(jobs, env)
-    results = []
+    # A GPU here: one GPU-blind server imports FA4 once and forks the workers.
+    server = compile_pool.Worker(env)
     try:
-        for w in workers:
-            w.submit(task)
-        results = [w.result() for w in workers]
+        server.submit({**task, "fork": jobs})
+        results = [server.result() for _ in range(jobs)]
     finally:
-        for w in workers:
-            w.close()
+        server.close()
     return merge(specs, results, time.perf_counter() - t0)
 
 

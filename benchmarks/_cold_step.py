@@ -72,9 +72,13 @@ def step() -> float:
     return time.perf_counter() - t0
 
 
+go_at = time.time()
 first = step()
 second = step()
-res = {"mode": mode, "path": path, "first_s": first, "second_s": second, "compiles": compiles["n"]}
+res = {
+    "mode": mode, "path": path, "first_s": first, "second_s": second, "compiles": compiles["n"],
+    "compile_s": compiles["s"], "go_at": go_at,
+}  # fmt: skip
 if mode == "fa4cache":
     store.counters.flush()
     res["counters"] = dict(store.counters.values)

@@ -10,7 +10,10 @@ CPU (2 cores here; no GPU):
 
 GPU (the H200 host, 16 cores; under ~4 minutes):
 
-    python benchmarks/bench_cold_start.py --gpu [--parts warm,step,procs]
+    python benchmarks/bench_cold_start.py --gpu [--parts imports,warm,step,procs,model]
+
+  * the phases: seconds to import torch and FA4 in a fresh process, and each kernel's
+    compile seconds (from the store's records of the -j 1 warm);
 
   * warm --hf-config Qwen3-8B and Gemma 2 9B shapes: ``-j`` default vs ``-j 1``;
   * cold first step of a document-mask forward+backward (T=8192, 16 heads, d=128, bf16,
@@ -18,7 +21,10 @@ GPU (the H200 host, 16 cores; under ~4 minutes):
     cache (no install), fa4cache without compile-ahead (today), fa4cache with it;
   * 4 and 8 cold processes on one node (LOCAL_WORLD_SIZE set as torchrun would): wall of
     the first step (from a common start to the last process done), compile-ahead off vs
-    on, and compiles vs distinct kernels in the store.
+    on, and compiles vs distinct kernels in the store;
+  * cold first training step of bench_transformers' Qwen3-style model at 16K tokens,
+    compile-ahead off (today) vs on (the model's kernel set starts compiling at load).
+  Each cold step also gets a timeline: when each kernel compiled, from the store's records.
   Writes $OUT/cold_start_h200.{md,json} (OUT defaults to benchmarks/results).
 """
 
@@ -62,7 +68,9 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
-def warm_run(tmp: Path, cfg: dict[str, Any], jobs: int | None, env: dict[str, str]) -> dict[str, Any]:
+def warm_run(
+    tmp: Path, cfg: dict[str, Any], jobs: int | None, env: dict[str, str], kernels: list[str] | None = None
+) -> dict[str, Any]:
     """One ``fa4cache warm --hf-config`` on a fresh store: wall seconds and kernels compiled."""
     d = Path(tempfile.mkdtemp(dir=tmp))
     (d / "config.json").write_text(json.dumps(cfg))
@@ -82,15 +90,17 @@ def warm_run(tmp: Path, cfg: dict[str, Any], jobs: int | None, env: dict[str, st
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr[-3000:]}")
     last = p.stdout.strip().splitlines()[-1]  # "N specs, K kernels compiled, F failed, S s"
-    kernels = int(last.split(",")[1].split()[0])
+    kernels_n = int(last.split(",")[1].split()[0])
     st = json.loads(
         subprocess.run(
             [sys.executable, "-m", "fa4cache", "--cache-dir", str(d / "store"), "stats", "--json"],
             env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), check=True,
         ).stdout
     )  # fmt: skip
+    if kernels is not None:
+        kernels.append(kernel_table(d / "store"))
     return {
-        "wall_s": wall, "cpu_s": cpu_s, "load": load0, "kernels": kernels, "entries": st["entries"],
+        "wall_s": wall, "cpu_s": cpu_s, "load": load0, "kernels": kernels_n, "entries": st["entries"],
         "compiles": st["compiles"],
     }  # fmt: skip
 
@@ -137,6 +147,60 @@ def cpu(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------ GPU
+
+
+def store_spans(store: Path, t0: float) -> list[list[Any]]:
+    """Each kernel the store holds: kind, and its compile's start and end in seconds after
+    ``t0`` (wall clock), from the entry's record (published at ``created``, after
+    ``compile_seconds``)."""
+    from fa4cache.store import Store
+
+    st = Store.at(store)
+    rows = []
+    for e in st.layout.iter_entries():
+        side = st.read_sidecar(e.ref)
+        if side is None or side.compile_seconds is None:
+            continue
+        end = side.created - t0
+        rows.append([side.kind, end - side.compile_seconds, end, side.compile_seconds])
+    return sorted(rows, key=lambda r: r[1])
+
+
+def import_seconds(code: str, env: dict[str, str]) -> float:
+    """Wall seconds of ``code`` (imports) in a fresh interpreter, measured inside it."""
+    prog = f"import time; t = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
+    p = subprocess.run(
+        [sys.executable, "-c", prog], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir()
+    )
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-2000:])
+    return float(p.stdout.strip().splitlines()[-1])
+
+
+def imports_part(sections: list[tuple[str, str]], data: dict[str, Any]) -> None:
+    rows = []
+    hidden = env_with(CUDA_VISIBLE_DEVICES="", **CPU_ENV)
+    cases = [
+        ("torch", "import torch", env_with()),
+        ("torch + FA4 (GPU visible)", "import torch\nimport flash_attn.cute.interface", env_with()),
+        ("torch + FA4 (GPU hidden: warm, compile server)", "import torch\nimport flash_attn.cute.interface", hidden),
+    ]  # fmt: skip
+    for label, code, env in cases:
+        runs = [import_seconds(code, env) for _ in range(2)]
+        rows.append([label, min(runs), " ".join(f"{x:.2f}" for x in runs)])
+        data.setdefault("imports", {})[label] = runs
+        print(f"import {label}: {runs}", flush=True)
+    sections.append(
+        (
+            "Imports in a fresh process (2 runs; the first may read from disk)",
+            table(["imports", "best s", "runs s"], rows),
+        )
+    )
+
+
+def kernel_table(store: Path) -> str:
+    rows = [[kind, secs] for kind, _, _, secs in store_spans(store, 0.0)]
+    return table(["kernel", "compile s (miss to publish)"], rows)
 
 
 def step_procs(
@@ -192,17 +256,67 @@ def step_procs(
     return results, wall, st
 
 
+def model_part(
+    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+) -> None:
+    """bench_transformers' model, first step on a fresh store: compile-ahead off, then on."""
+    rows, res = [], {}
+    for ahead in (False, True):
+        d = tmp / f"model-{ahead}"
+        d.mkdir()
+        env = env_with(FA4CACHE_DIR=str(d / "store"), FA4CACHE_COMPILE_AHEAD="1" if ahead else "0")
+        p = subprocess.run(
+            [sys.executable, str(HERE / "_cold_model_step.py"), str(args.model_tokens), str(args.model_layers)],
+            env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300,
+        )  # fmt: skip
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"model step failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        r = json.loads(lines[-1][len("RESULT ") :])
+        res[ahead] = r
+        c = r["counters"]
+        rows.append(
+            ["on" if ahead else "off (today)", r["first_s"], r["head_start_s"], c["compiles"],
+             c.get("ahead_compiles", 0), r["second_s"]]
+        )  # fmt: skip
+        print(f"model step ahead={ahead}: {r['first_s']:.2f} s", flush=True)
+    rows.append(["on / off", res[True]["first_s"] / res[False]["first_s"], "", "", "target <= 0.5", ""])
+    data["model step"] = {str(k): v for k, v in res.items()}
+    sections.append(
+        (
+            f"Cold first training step through transformers (bench_transformers' Qwen3-style model, "
+            f"{args.model_layers} layers, {args.model_tokens} tokens, fresh store; timed once the model is "
+            "on the GPU)",
+            table(
+                [
+                    "compile-ahead",
+                    "first step s",
+                    "model built to first step s",
+                    "compiles",
+                    "compiled ahead",
+                    "second step s",
+                ],
+                rows,
+            ),  # fmt: skip
+        )
+    )
+
+
 def gpu(args: argparse.Namespace) -> None:
     parts = set(args.parts.split(","))
     sections: list[tuple[str, str]] = []
     data: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
+        if "imports" in parts:
+            imports_part(sections, data)
+            save("cold_start_h200", TITLE, sections, data)
         if "warm" in parts:
             rows = []
             env = env_with(FA4CACHE_COMPILE_AHEAD="0")
+            per_kernel: list[str] = []
             for name, cfg in (("Qwen3-8B", QWEN3_8B), ("Gemma 2 9B", GEMMA2_9B)):
-                one = warm_run(tmp, cfg, 1, env)
+                one = warm_run(tmp, cfg, 1, env, per_kernel)
                 auto = warm_run(tmp, cfg, None, env)
                 rows.append(
                     [name, one["kernels"], one["wall_s"], auto["wall_s"], auto["wall_s"] / one["wall_s"]]
@@ -215,10 +329,13 @@ def gpu(args: argparse.Namespace) -> None:
                     table(["model", "kernels", "-j 1 s", "-j default s", "ratio (target <= 0.4)"], rows),
                 )
             )
+            for (name, _), kt in zip((("Qwen3-8B", 0), ("Gemma 2 9B", 0)), per_kernel):
+                sections.append((f"{name}: each kernel's compile, warm -j 1", kt))
             save("cold_start_h200", TITLE, sections, data)  # what a timeout leaves is still written
         if "step" in parts:
             rows = []
             runs = {}
+            timelines: list[tuple[str, str]] = []
             cases = [
                 ("FA4's own cache (no install)", "fa4own", False),
                 ("fa4cache, compile-ahead on", "fa4cache", True),
@@ -226,8 +343,20 @@ def gpu(args: argparse.Namespace) -> None:
             if args.today:
                 cases.insert(1, ("fa4cache, compile-ahead off (today)", "fa4cache", False))
             for label, mode, ahead in cases:
-                res, wall, st = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}")
+                tag = f"step-{mode}-{ahead}"
+                res, wall, st = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag)
                 runs[label] = {"result": res[0], "stats": st}
+                if mode == "fa4cache":
+                    spans = store_spans(tmp / tag / "store", res[0]["go_at"])
+                    runs[label]["timeline"] = spans
+                    timelines.append(
+                        (
+                            f"Timeline of the cold step, {label} (s after the step's start; first "
+                            f"step {res[0]['first_s']:.2f} s, {res[0]['compiles']} compiled in the "
+                            f"process in {res[0]['compile_s']:.2f} s)",
+                            table(["kernel", "start s", "end s", "compile s"], spans),
+                        )
+                    )
                 print(f"cold step {label}: {res[0]}", flush=True)
             own = runs["FA4's own cache (no install)"]["result"]["first_s"]
             for label, r in runs.items():
@@ -255,6 +384,10 @@ def gpu(args: argparse.Namespace) -> None:
                     ),  # fmt: skip
                 )
             )
+            sections.extend(timelines)
+            save("cold_start_h200", TITLE, sections, data)
+        if "model" in parts:
+            model_part(tmp, args, sections, data)
             save("cold_start_h200", TITLE, sections, data)
         if "procs" in parts:
             rows = []
@@ -308,7 +441,9 @@ def main() -> None:
     g.add_argument("--cpu", action="store_true")
     g.add_argument("--gpu", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--parts", default="warm,step,procs")
+    p.add_argument("--parts", default="imports,warm,step,model,procs")
+    p.add_argument("--model-tokens", type=int, default=16384)
+    p.add_argument("--model-layers", type=int, default=24)
     p.add_argument("--seqlen", type=int, default=8192)
     p.add_argument("--today", action="store_true", help="also one cold process without compile-ahead")
     a = p.parse_args()

@@ -70,7 +70,7 @@ if has transformers; then
   done
 fi
 if has cold; then
-  timeout 290 python3 benchmarks/bench_cold_start.py --gpu 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
+  timeout ${COLD_TIMEOUT:-420} python3 benchmarks/bench_cold_start.py --gpu ${COLD_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
 fi
 if has generation; then
   # Generation on FA4 (KV cache, continuous batching, CUDA graphs): GPU tests, then the benchmark.

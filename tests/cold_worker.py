@@ -20,6 +20,14 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("action", choices=["forward", "step", "hang", "plan"])
@@ -58,12 +66,13 @@ def main() -> None:
     if a.action == "hang":
         import threading
 
-        def report_workers() -> None:  # as soon as compile-ahead started them
+        def report_workers() -> None:  # as soon as the server forked its workers
             while True:
                 with compile_pool._live_lock:
-                    pids = sorted(w.pid for w in compile_pool._live)
-                if pids:
-                    print("WORKERS " + json.dumps(pids), flush=True)
+                    servers = sorted(w.pid for w in compile_pool._live)
+                children = [c for s in servers for c in _children(s)]
+                if children:
+                    print("WORKERS " + json.dumps(servers + children), flush=True)
                     return
                 time.sleep(0.01)
 

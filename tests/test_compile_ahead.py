@@ -78,7 +78,7 @@ def test_no_worker_outlives_its_parent_killed_with_sigkill(tmp_path: Path) -> No
             if line.startswith("WORKERS "):
                 pids = json.loads(line[len("WORKERS ") :])
                 break
-        assert pids, proc.stderr.read() if proc.stderr else ""
+        assert len(pids) >= 2, proc.stderr.read() if proc.stderr else ""  # the server and its workers
         assert all(alive(p) for p in pids)  # still compiling when the parent dies
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -207,3 +207,49 @@ def test_model_load_starts_the_model_kernel_set(
         for w in set(compile_pool._live) - before:
             w.kill()  # the kernels themselves are another test's business
         fa4cache.uninstall()
+
+
+_SERVER_WARM = """
+import json, sys
+from fa4cache.adapters import compile_pool, warm_parallel
+from fa4cache.adapters.warm import set_cross_compile_env
+from fa4cache.aot.spec import KernelSpec
+
+compile_pool.can_fork = lambda: False  # what a GPU host answers: this process may not fork
+started = []
+Real = compile_pool.Worker
+
+
+class Counted(Real):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        started.append(self.pid)
+
+
+compile_pool.Worker = Counted
+set_cross_compile_env("sm_90")
+spec = KernelSpec(heads=int(sys.argv[2]), heads_kv=1, backward=True, seqlen=256)
+out = warm_parallel.warm_parallel([spec], int(sys.argv[3]), sys.argv[1])
+print("RESULT " + json.dumps({"out": out, "servers": started, "fa4_here": "flash_attn.cute" in sys.modules}))
+"""
+
+
+def test_warm_jobs_on_a_gpu_host_fork_from_one_server(tmp_path: Path) -> None:
+    """Where warm may not fork from itself (a GPU process), one GPU-blind server imports FA4
+    once and forks the -j workers: every kernel compiled once, by several workers."""
+    rng = random.Random(SEED)
+    heads, jobs = rng.choice([2, 4, 8]), rng.choice([2, 3])
+    print(f"seed {SEED}: heads {heads}, -j {jobs}")
+    cache = tmp_path / "cache"
+    p = subprocess.run(
+        [sys.executable, "-c", _SERVER_WARM, str(cache), str(heads), str(jobs)],
+        cwd=ROOT, env=worker_env(cache), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    res = json.loads(lines[-1][len("RESULT ") :])
+    assert len(res["servers"]) == 1 and not res["fa4_here"]  # FA4 imported once, in the server
+    (spec,) = res["out"]
+    st = stats(cache)
+    assert spec["error"] is None and spec["compiles"] == st["entries"] == st["compiles"] == 5, res
+    assert st["processes"] >= 2  # the kernels were spread over the forked workers

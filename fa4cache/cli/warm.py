@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -115,6 +116,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from fa4cache.extras import require
 
     require("compiling kernels", "torch", "flash_attn", "cutlass")
+    # warm compiles for --arch and runs no kernel: with the GPU hidden from this process
+    # (before torch is imported), its -j workers fork from it once FA4 is imported, and the
+    # import (seconds; 10 s and more on a busy GPU host) is paid once instead of once per worker.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
     unreplayable = 0
     if args.replay:
