@@ -12,9 +12,10 @@
 * **Model load.** :func:`start_model_set` (called when a transformers model is built for
   ``attn_implementation="fa4cache"``) starts the model's whole kernel set, as ``warm
   --hf-config`` lists it.
-* On a GPU host the compile server starts (importing FA4) when FA4 is imported, so that a
-  cold step never waits for an import; it leaves after a run of forward calls that
-  compiled nothing, and starts again at a later miss.
+* On a GPU host the compile server starts at ``fa4cache.install()`` and imports FA4 beside
+  this process's own imports, so that a cold step never waits for an import; it learns the
+  target at the first miss (when this process already uses its GPU), leaves after a run of
+  forward calls that compiled nothing, and starts again at a later miss.
 
 ``FA4CACHE_COMPILE_AHEAD=0`` turns all of it off. ``fa4cache stats`` counts the kernels
 compiled ahead and the compile seconds they kept off the critical path.
@@ -45,7 +46,7 @@ _quiet_forwards = 0  # forward calls in a row that compiled nothing
 _model_sets: set[str] = set()
 # Forward calls in a row with no compile after which the server leaves (its memory back):
 # a few steps of a model, whose layers call the forward once each.
-RETIRE_AFTER = 256
+RETIRE_AFTER = 64
 
 
 def enabled() -> bool:
@@ -76,7 +77,6 @@ def wrap_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
                 _after_forward(compiled=_misses() != misses)
 
     forward.__fa4cache_ahead__ = True  # type: ignore[attr-defined]
-    start_server_early()
     return forward
 
 
@@ -161,7 +161,9 @@ def _on_miss(event: str, cache: Any, key: Any, ref: Any, waited: float) -> None:
             _start_backward(call)
         elif event == "waiting":
             if _server is not None and _server.proc.poll() is None:
-                _start_backward(call)  # the server's children take them: this process stays free
+                # The server's children take them (it imported FA4 long ago): this process
+                # stays free to load the forward the moment it is published.
+                _start_backward(call)
             else:
                 _help_while_held(call, ref)
     finally:
@@ -284,32 +286,43 @@ def _children(kernels: int) -> int:
     return max(1, min(kernels, compile_pool.cpu_count() // per_node))
 
 
-def _get_server(*, start: bool = True) -> compile_pool.Worker | None:
-    """This process's compile server, started (GPU-blind, importing FA4) if there is none."""
+def _server_env() -> dict[str, str] | None:
+    """What the server compiles for: this process's target and store (asks the GPU)."""
+    store = runtime.installed_store()
+    env = compile_pool.target_env()
+    if store is None or not store.writable or env is None:
+        return None
+    env["FA4CACHE_DIR"] = str(store.root)
+    return env
+
+
+def _get_server(*, configure: bool = True) -> compile_pool.Worker | None:
+    """This process's compile server (started, GPU-blind, if there is none); with
+    ``configure``, told this process's target, or None when there is none to tell."""
     global _server
+    env = _server_env() if configure else None
+    if configure and env is None:
+        return None
     with _lock:
-        if _server is not None and _server.proc.poll() is None:
-            return _server
-        if not start:
-            return None
-        store = runtime.installed_store()
-        env = compile_pool.target_env()
-        if store is None or not store.writable or env is None:
-            return None
-        env["FA4CACHE_DIR"] = str(store.root)
-        _server = compile_pool.Worker(env, on_started=_started, keep_results=False)
-        return _server
+        if _server is None or _server.proc.poll() is not None:
+            store = runtime.installed_store()
+            if store is None or not store.writable:
+                return None
+            _server = compile_pool.Worker(None, on_started=_started, keep_results=False)
+        server = _server
+    if env is not None:
+        server.configure(env)
+    return server
 
 
-def start_server_early() -> None:
-    """On a GPU host, start the compile server now (it imports FA4 while this process does),
-    so that a cold first step never waits for it; CPU-only processes start it at a miss."""
-    if _server is not None or not enabled():
-        return
-    from .cross_compile import gpu_present
+def start_server_at_install() -> None:
+    """On a GPU host, start the compile server now: it imports FA4 while this process goes
+    on with its own imports and setup, so that a cold first step never waits for it.
+    CPU-only processes start it at a miss."""
+    from fa4cache.arch import cuda_devices_visible
 
-    if gpu_present():
-        _get_server()
+    if _server is None and enabled() and cuda_devices_visible():
+        _get_server(configure=False)
 
 
 def _after_forward(*, compiled: bool) -> None:

@@ -25,12 +25,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fa4cache.arch import ARCH_ENV, cross_compile_env, num_sms_or_none, resolved_arch
+from fa4cache.arch import (
+    ARCH_ENV,
+    ARCH_VAR,
+    DSL_ARCH_VAR,
+    NUM_SMS_VAR,
+    cross_compile_env,
+    num_sms_or_none,
+    resolved_arch,
+)
 
 from .compile_worker import PARENT_ENV, encode_task
 
 log = logging.getLogger(__name__)
 
+TARGET_VARS = (ARCH_VAR, DSL_ARCH_VAR, NUM_SMS_VAR)
 _live: set[Worker] = set()
 _live_lock = threading.Lock()
 
@@ -59,13 +68,19 @@ class Worker:
 
     def __init__(
         self,
-        env: dict[str, str],
+        env: dict[str, str] | None,
         *,
         on_started: Callable[[str, str], None] | None = None,
         keep_results: bool = True,
     ) -> None:
+        """``env``: the target and store (:func:`target_env` plus ``FA4CACHE_DIR``); None: the
+        server imports FA4 now and waits for :meth:`configure`."""
         full = dict(os.environ)
-        full.update(env)
+        if env is None:
+            # Imported without a target: the configuration names it (an arch left in this
+            # process's environment could differ from the one its GPU has).
+            for var in TARGET_VARS:
+                full.pop(var, None)
         full["CUDA_VISIBLE_DEVICES"] = ""  # GPU-blind: never a CUDA context in a worker
         full["FA4CACHE_COMPILE_AHEAD"] = "0"  # a worker compiles what it is told, nothing ahead
         full[PARENT_ENV] = str(os.getpid())
@@ -80,6 +95,7 @@ class Worker:
             env=full,
         )
         self.started_at = time.perf_counter()
+        self._send_lock = threading.Lock()
         self.ready = threading.Event()
         self.busy = 0
         self.results: collections.deque[dict[str, Any]] = collections.deque()
@@ -91,6 +107,17 @@ class Worker:
         threading.Thread(target=self._read_stderr, name="fa4cache-worker-err", daemon=True).start()
         with _live_lock:
             _live.add(self)
+        self.configured = False
+        if env is not None:
+            self.configure(env)
+
+    def configure(self, env: dict[str, str]) -> None:
+        """Tell the server the target and store it compiles for (once)."""
+        with self._send_lock:
+            if self.configured:
+                return
+            self.configured = True
+        self._send({"env": env})
 
     @property
     def pid(self) -> int:
@@ -135,14 +162,20 @@ class Worker:
         """Hand ``task`` to ``task["fork"]`` (default 1) children; one result comes per child."""
         with self._result:
             self.busy += max(1, int(task.get("fork", 1)))
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(encode_task(task))
-            self.proc.stdin.flush()
-        except OSError as e:  # the worker died: its kernels are left to the miss path
-            log.debug("fa4cache: compile worker %d is gone (%s)", self.pid, e)
+        if not self._send(task):
             with self._result:
                 self.busy = 0
+
+    def _send(self, message: dict[str, Any]) -> bool:
+        assert self.proc.stdin is not None
+        try:
+            with self._send_lock:
+                self.proc.stdin.write(encode_task(message))
+                self.proc.stdin.flush()
+        except OSError as e:  # the server died: its kernels are left to the miss path
+            log.debug("fa4cache: compile server %d is gone (%s)", self.pid, e)
+            return False
+        return True
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """The next child's result (waits); an ``error`` entry if the server died first."""

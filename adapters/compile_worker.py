@@ -1,8 +1,12 @@
 """A compile server process: ``python -m fa4cache.adapters.compile_worker``.
 
-Started by :mod:`.compile_pool` with ``CUDA_VISIBLE_DEVICES=""`` and the parent's target
-arch, it imports FA4 once, says ``READY``, then reads tasks from stdin (a length and a
-pickle each) until stdin ends. For each task it *forks* ``task["fork"]`` children (default
+Started by :mod:`.compile_pool` with ``CUDA_VISIBLE_DEVICES=""``, it imports torch and FA4
+at once, then reads its configuration from stdin: the parent's target arch, SM count and
+store (a parent may start it before it knows them, e.g. at ``fa4cache.install()``, so that
+the import, seconds long, runs beside its own). FA4 reads the arch at its first call and
+the DSL's latched target is reset, so a configuration after the import is the same as
+one before it. Then it installs the store, says ``READY`` and reads tasks from stdin (a
+length and a pickle each) until stdin ends. For each task it *forks* ``task["fork"]`` children (default
 1): a child starts compiling within milliseconds, with FA4 already imported, where a fresh
 worker would first pay the import (seconds; 10 s and more on a busy GPU host). The server
 never touches a GPU or starts a thread before it forks, so forking is safe.
@@ -266,6 +270,20 @@ def serve() -> None:
                 _say("RESULT " + json.dumps(out))
 
 
+def configure(env: dict[str, str]) -> None:
+    """Take the parent's target (``FLASH_ATTENTION_ARCH``, ``CUTE_DSL_ARCH``,
+    ``FLASH_ATTENTION_NUM_SMS``) and store (``FA4CACHE_DIR``), with FA4 already imported."""
+    os.environ.update(env)
+    from fa4cache.arch import DSL_ARCH_VAR
+
+    if env.get(DSL_ARCH_VAR):
+        # The DSL latched its target when it was imported (no GPU here: its default):
+        # re-latch it, as QuACK's own compile pool does.
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        CuTeDSL._get_dsl().envar.arch = env[DSL_ARCH_VAR]
+
+
 def main() -> int:
     die_with_parent(watch=False)
     import logging
@@ -275,11 +293,15 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
     logging.basicConfig(level=logging.WARNING, format="fa4cache worker %(process)d: %(message)s")
+    import flash_attn.cute.interface  # noqa: F401  (imported once, here: every child has it)
+
+    config = read_task()
+    if config is None:
+        os._exit(0)  # the parent left before it knew what to compile
+    configure(config["env"])
     from .flash_attn import install
 
     install()
-    import flash_attn.cute.interface  # noqa: F401  (imported once, here: every child has it)
-
     _say("READY")
     serve()
     # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the

@@ -93,6 +93,18 @@ def gpu_present() -> bool:
         return False
 
 
+def cuda_devices_visible() -> bool:
+    """Whether this process would see an NVIDIA GPU, asked without torch or CUDA (device
+    files and ``CUDA_VISIBLE_DEVICES``): a hint for starting work early, never the arch."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return False
+    try:
+        return any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir("/dev"))
+    except OSError:
+        return False
+
+
 def device_arch(device: Any = None) -> int | None:
     """The compute capability of ``device`` (or the current CUDA device) as an int, else None."""
     if device is not None and getattr(device, "type", None) != "cuda":

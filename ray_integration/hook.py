@@ -44,7 +44,9 @@ def setup() -> None:
         )
     # Like Store(): a squatted node-local path falls back to the private default, and a
     # store that cannot be written (full disk, read-only) runs memory-only with a warning.
-    store = install()
+    # No compile server ahead of need: Ray starts idle workers by the dozen, most of which
+    # never run FA4 (a worker that misses starts one then).
+    store = install(compile_server=False)
     if store.writable:
         # Workers and the driver resolve placeholders the same way; export the resolved path
         # so subprocesses of this worker (compile pools) use the same directory.

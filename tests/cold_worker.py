@@ -34,6 +34,9 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--wait-file", help="start only once this file exists (to line processes up)")
+    p.add_argument(
+        "--gpu-host", action="store_true", help="answer 'a GPU is visible' (device files) as a GPU host would"
+    )
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -46,7 +49,14 @@ def main() -> None:
     import fa4cache
     from fa4cache.masks import make_document_mask
 
+    if a.gpu_host:  # the one thing this machine cannot have: NVIDIA device files
+        import fa4cache.arch
+
+        fa4cache.arch.cuda_devices_visible = lambda: True
     store = fa4cache.install()
+    from fa4cache.adapters import compile_ahead
+
+    server_at_install = compile_ahead._server is not None
     import flash_attn.cute.interface  # noqa: F401  (imports are not part of a step)
 
     T, H = a.seqlen, a.heads
@@ -89,7 +99,15 @@ def main() -> None:
         pids = sorted(w.pid for w in compile_pool._live)
     store.counters.flush()
     print(
-        "RESULT " + json.dumps({"seconds": seconds, "counters": store.counters.values, "worker_pids": pids}),
+        "RESULT "
+        + json.dumps(
+            {
+                "seconds": seconds,
+                "counters": store.counters.values,
+                "worker_pids": pids,
+                "server_at_install": server_at_install,
+            }
+        ),
         flush=True,
     )
     if a.action == "hang":

@@ -253,3 +253,32 @@ def test_warm_jobs_on_a_gpu_host_fork_from_one_server(tmp_path: Path) -> None:
     st = stats(cache)
     assert spec["error"] is None and spec["compiles"] == st["entries"] == st["compiles"] == 5, res
     assert st["processes"] >= 2  # the kernels were spread over the forked workers
+
+
+def _entries(cache: Path) -> dict[tuple[str, str], str]:
+    """(kind, digest) -> sha256 of every entry in the store."""
+    out = {}
+    for p in cache.glob("*/*/*/*.json"):
+        if p.parent.name != "stats":
+            side = json.loads(p.read_text())
+            out[(side["kind"], side["digest"])] = side["sha256"]
+    return out
+
+
+def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_path: Path) -> None:
+    """On a GPU host the server starts at install(), importing FA4 before it knows the
+    target, and is told the target at the first miss: its kernels must be the ones this
+    process would compile itself, byte for byte (same keys, same toolchain, same target)."""
+    rng = random.Random(SEED)
+    T = rng.choice([256, 512, 768])
+    print(f"seed {SEED}: seqlen {T}")
+    early = tmp_path / "early"
+    fwd = finish(cold(early, "forward", "--seqlen", str(T), "--gpu-host"))
+    assert fwd["server_at_install"]
+    assert fwd["counters"]["compiles"] == 1  # the forward, in the process itself
+    st = stats(early)
+    assert st["ahead_compiles"] == st["entries"] - 1 == 3  # the backward: by the server's workers
+    alone = tmp_path / "alone"
+    step = finish(cold(alone, "step", "--seqlen", str(T), ahead=False))
+    assert step["counters"]["compiles"] == 4
+    assert _entries(early) == _entries(alone)
