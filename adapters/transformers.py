@@ -164,10 +164,14 @@ def attention_forward(
         kind, source = "position_ids", kwargs["position_ids"]
     else:
         kind, source = None, None
-    cu_k = _first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k")
+    cu_k = _per_layer_type(_first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
+    paged = _paged_cache_update(module, key, value, kwargs)
+    if paged is not None:
+        key, value = paged
+        k, v = key.transpose(1, 2), value.transpose(1, 2)
     # Continuous batching: the step's new tokens against each sequence's whole keys.
-    cb = cu is not None and cu_k is not None and cu_k is not cu and q.shape[1] != k.shape[1]
-    if cb and attention_mask is None and not dropout:
+    cb = cu is not None and cu_k is not None and cu_k is not cu
+    if cb and (paged is not None or q.shape[1] != k.shape[1]) and attention_mask is None and not dropout:
         out = _varlen_kv_attention(
             query, key, value, cu, cu_k, kwargs, causal, sliding_window, scaling, softcap
         )
@@ -218,6 +222,34 @@ def attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+def _per_layer_type(value: Any, sliding_window: int | None) -> Any:
+    """Continuous batching's per-layer-type value (``cu_seq_lens_k``, ``max_seqlen_k``: a dict
+    by layer type when a model mixes full and sliding layers) for this layer."""
+    if isinstance(value, dict):
+        return value["sliding_attention" if sliding_window else "full_attention"]
+    return value
+
+
+def _paged_cache_update(module: Any, key: Any, value: Any, kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """transformers before 5.2x (5.17 on the H200 image) hands a paged implementation only the
+    step's new keys, with the paged cache as ``cache`` and its ``read_index``/``write_index``:
+    the implementation writes them into the cache and reads back each sequence's keys, as
+    transformers' own ``paged_attention_forward`` does (newer versions do it in the model's
+    attention layer, and pass no ``cache``). Returns ``(key, value)`` ``[1, Hkv, Tk, D]``
+    (views of the ``[Tk, Hkv, D]`` the cache returns), or None where there is nothing to do."""
+    cache = kwargs.get("cache")
+    if cache is None or kwargs.get("read_index") is None or kwargs.get("write_index") is None:
+        return None
+    k, v = cache.update(
+        key_states=key,
+        value_states=value,
+        layer_idx=module.layer_idx,
+        read_index=kwargs["read_index"],
+        write_index=kwargs["write_index"],
+    )
+    return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
 
 def _kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], dropout: float) -> str | None:
@@ -273,7 +305,7 @@ def _varlen_kv_attention(
     window = sliding_window - 1 if sliding_window is not None else None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     max_q = _host_int(_first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
-    max_k = _host_int(_first_kwarg(kwargs, "max_length_k", "max_seqlen_k"))
+    max_k = _host_int(_per_layer_type(_first_kwarg(kwargs, "max_length_k", "max_seqlen_k"), sliding_window))
     return kv_cache.varlen_op()(
         query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0)
     )

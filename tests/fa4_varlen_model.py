@@ -153,6 +153,18 @@ def flash_attn_fwd(
             raise AssertionError("cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be contiguous int32")
     dense_q = cu_seqlens_q is None
     n = q.shape[0] if dense_q else cu_seqlens_q.numel() - 1
+    # FA4's shape checks (interface._flash_attn_fwd): one entry per sequence, keys flat
+    # [tokens, heads, D] with cu_seqlens_k, and a given `out` exactly the output's shape.
+    if cu_seqlens_k is not None and (tuple(cu_seqlens_k.shape) != (n + 1,) or k.dim() != 3):
+        raise AssertionError("cu_seqlens_k must have shape (batch_size + 1,)")
+    if seqused_k is not None and tuple(seqused_k.shape) != (n,):
+        raise AssertionError("seqused_k must have shape (batch_size,)")
+    if page_table is not None and (page_table.dtype != torch.int32 or tuple(page_table.shape)[:1] != (n,)):
+        raise AssertionError("page_table must be int32 with shape (batch_size, max_num_pages_per_seq)")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        raise AssertionError("q, k, v, and qv must have the same dtype")
+    if out is not None and (tuple(out.shape) != (*q.shape[:-1], v.shape[-1]) or out.dtype != q.dtype):
+        raise AssertionError(f"out shape {tuple(out.shape)} != expected {(*q.shape[:-1], v.shape[-1])}")
     if out is None:  # FA4 leaves rows outside every sequence as they were
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
     lse = torch.full(q.shape[:-1], float("-inf"))

@@ -10,6 +10,7 @@ random small configs in float32, compared with SDPA on the same weights.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import os
 import random
@@ -486,3 +487,82 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
     assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
     steps = [kw for kw in fa4 if kw.get("cu_seqlens_q") is not None]
     assert steps and all(kw["window_size_left"] == cfg.sliding_window - 1 for kw in steps)
+
+
+class _PagedCacheBefore523:
+    """The contract of transformers 5.17's ``PagedAttentionCache.update`` for full-attention
+    layers (the H200 image's transformers; this venv's newer one updates the cache in the
+    model's layers instead, so its own class cannot show the older call): write the step's
+    keys at ``write_index``, read each sequence's keys back at ``read_index`` as ``[tokens,
+    Hkv, D]``; with nothing to read, return the step's keys."""
+
+    def __init__(self, slots: int, heads_kv: int, dim: int) -> None:
+        self.key_cache = [torch.zeros(slots, heads_kv, dim)]
+        self.value_cache = [torch.zeros(slots, heads_kv, dim)]
+
+    def update(
+        self, key_states: Any, value_states: Any, layer_idx: int, read_index: Any, write_index: Any
+    ) -> Any:
+        k, v = (t.transpose(1, 2).squeeze(0) for t in (key_states, value_states))
+        self.key_cache[layer_idx].index_copy_(0, write_index[0], k)
+        self.value_cache[layer_idx].index_copy_(0, write_index[0], v)
+        if read_index[0].numel() == 0:
+            return k, v
+        return (
+            torch.index_select(c[layer_idx], 0, read_index[0]) for c in (self.key_cache, self.value_cache)
+        )
+
+
+def test_paged_steps_of_older_transformers_update_the_cache_and_run_on_fa4(fa4: Any) -> None:
+    # transformers 5.17 calls a paged implementation with the step's new keys only and the
+    # paged cache as `cache` (its own paged_attention_forward updates it): a prefill step
+    # (nothing to read) then decode steps, each query attending to its sequence's whole
+    # history, as plain causal attention of each sequence alone.
+    from types import SimpleNamespace
+
+    from fa4cache.adapters import transformers as fht
+
+    rng = random.Random(SEED + 11)
+    print(f"seed {SEED + 11}")
+    hkv, g, D = 2, rng.choice([1, 2, 4]), 8
+    lens = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
+    steps = 3
+    cache = _PagedCacheBefore523(sum(lens) + steps * len(lens), hkv, D)
+    free = list(range(sum(lens) + steps * len(lens)))
+    rng.shuffle(free)  # pages anywhere in the cache
+    slots: list[list[int]] = [[] for _ in lens]
+    hist_k: list[list[Any]] = [[] for _ in lens]
+    hist_v: list[list[Any]] = [[] for _ in lens]
+    module = SimpleNamespace(layer_idx=0, is_causal=True)
+    gen = torch.Generator().manual_seed(SEED + 11)
+    for step in range(steps + 1):
+        new = lens if step == 0 else [1] * len(lens)
+        q = torch.randn(1, hkv * g, sum(new), D, generator=gen)
+        k, v = (torch.randn(1, hkv, sum(new), D, generator=gen) for _ in range(2))
+        write = []
+        for i, n in enumerate(new):
+            slots[i] += [free.pop() for _ in range(n)]
+            write += slots[i][-n:]
+        read = [] if step == 0 else [s for row in slots for s in row]
+        cu_q = torch.tensor([0, *itertools.accumulate(new)], dtype=torch.int32)
+        cu_k = torch.tensor([0, *itertools.accumulate(len(r) for r in slots)], dtype=torch.int32)
+        out, _ = fht.attention_forward(
+            module, q, k, v, None, scaling=D**-0.5, sliding_window=None,
+            cache=cache, read_index=[torch.tensor(read, dtype=torch.long)],
+            write_index=[torch.tensor(write, dtype=torch.long)], cu_seq_lens_q=cu_q,
+            cu_seq_lens_k={"full_attention": cu_k} if step % 2 else cu_k,
+            max_seqlen_q=max(new), max_seqlen_k=max(len(r) for r in slots),
+        )  # fmt: skip
+        for i, n in enumerate(new):
+            a = int(cu_q[i])
+            hist_k[i].append(k[0, :, a : a + n])
+            hist_v[i].append(v[0, :, a : a + n])
+            kk, vv = (torch.cat(h[i], 1).repeat_interleave(g, 0) for h in (hist_k, hist_v))
+            s = torch.einsum("hqd,hkd->hqk", q[0, :, a : a + n], kk) * D**-0.5
+            pos = torch.arange(n).view(-1, 1) + kk.shape[1] - n
+            s = s.masked_fill(torch.arange(kk.shape[1]).view(1, -1) > pos, float("-inf"))
+            want = torch.einsum("hqk,hkd->qhd", torch.softmax(s, -1), vv)
+            torch.testing.assert_close(
+                out[0, a : a + n], want, atol=1e-5, rtol=1e-5, msg=f"step {step} seq {i}"
+            )
+    assert all(kw.get("cu_seqlens_q") is not None for kw in fa4) and len(fa4) == steps + 1
