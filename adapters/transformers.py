@@ -181,7 +181,16 @@ def attention_forward(
         why = _kv_cache_fallback(query, attention_mask, kwargs, dropout)
         if why is None:
             return _kv_cache_attention(
-                query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap
+                query,
+                key,
+                value,
+                attention_mask,
+                kwargs,
+                causal,
+                sliding_window,
+                scaling,
+                softcap,
+                _first_of_its_kind(module),
             ), None
     elif dropout:
         why = "attention dropout"
@@ -268,6 +277,19 @@ def _kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], 
     return None
 
 
+def _first_of_its_kind(module: Any) -> bool:
+    """Whether ``module`` is the first layer of its type (full, sliding): the step's mask is
+    checked there, once per step and kind, not in every layer (each check is several kernel
+    launches, a decode step's main cost at small sizes)."""
+    idx = getattr(module, "layer_idx", None)
+    if not isinstance(idx, int):
+        return True
+    types = getattr(getattr(module, "config", None), "layer_types", None)
+    if not isinstance(types, (list, tuple)) or idx >= len(types):
+        return idx == 0
+    return types.index(types[idx]) == idx
+
+
 def _kv_cache_attention(
     query: Any,
     key: Any,
@@ -278,6 +300,7 @@ def _kv_cache_attention(
     sliding_window: int | None,
     scaling: float | None,
     softcap: float | None,
+    check_mask: bool = True,
 ) -> Any:
     """A step over a KV cache on FA4 (:mod:`.kv_cache`). The window is passed whenever the
     layer has one, even while the cache is shorter: the kernel then stays the same as the
@@ -285,7 +308,9 @@ def _kv_cache_attention(
     window = sliding_window - 1 if sliding_window is not None else None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     pos = kwargs.get("position_ids") if attention_mask is None else None
-    return kv_cache.op()(query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0))
+    return kv_cache.op()(
+        query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check_mask
+    )
 
 
 def _varlen_kv_attention(

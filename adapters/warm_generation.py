@@ -58,7 +58,7 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
             lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
             with FakeTensorMode(), torch.no_grad():
                 fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-                kv_cache.sequences = lambda *a, fake=fake: fake  # type: ignore[assignment]
+                kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
                 q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
                 k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
                 kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)

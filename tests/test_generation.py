@@ -383,7 +383,7 @@ for B, Tk, window in [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 6
     lengths = kv_cache._sequences(mask, None, B, 2, Tk)
     with FakeTensorMode(), torch.no_grad():
         fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-        kv_cache.sequences = lambda *a, fake=fake: fake
+        kv_cache.sequences = lambda *a, fake=fake, **kw: fake
         q = torch.empty(B, 8, 1, 128, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(B, 2, Tk, 128, dtype=torch.bfloat16, device="cuda")
         out = kv_cache.forward(q, k, k, mask, None, True, window, 0.088, 0.0)
@@ -566,3 +566,36 @@ def test_paged_steps_of_older_transformers_update_the_cache_and_run_on_fa4(fa4: 
                 out[0, a : a + n], want, atol=1e-5, rtol=1e-5, msg=f"step {step} seq {i}"
             )
     assert all(kw.get("cu_seqlens_q") is not None for kw in fa4) and len(fa4) == steps + 1
+
+
+def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monkeypatch: Any) -> None:
+    """Checking the mask costs kernel launches in every decode step: it runs in the first
+    layer of each kind (full, sliding), whose masks cover every row, and a gap is still
+    refused there."""
+    from fa4cache.ops import kv_cache
+
+    cfg = copy.deepcopy(_configs()["gemma2-softcap"])
+    cfg.num_hidden_layers = 5
+    cfg.layer_types = ["full_attention", "full_attention", "sliding_attention", "full_attention",
+                       "sliding_attention"]  # fmt: skip
+    model = _model(cfg, "fa4cache")
+    checks: list[bool] = []
+    real = kv_cache.key_ranges
+
+    def spy(*a: Any, check: bool = True) -> Any:
+        checks.append(check)
+        return real(*a, check=check)
+
+    monkeypatch.setattr(kv_cache, "key_ranges", spy)
+    rng = random.Random(SEED)
+    ids, mask = _left_padded(rng, 3, 9, cfg.vocab_size)
+    follow = torch.randint(0, cfg.vocab_size, (3, 2))
+    _teacher_forced(model, ids, mask, follow, "dynamic")
+    steps = len(checks) // 5
+    assert steps >= 2 and checks == [True, False, True, False, False] * steps, checks
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    mask[1, -3] = 0  # a gap
+    with pytest.raises(RuntimeError, match="one run of tokens"), torch.no_grad():
+        cache = _cache("dynamic", cfg, 16)
+        model(input_ids=ids, attention_mask=mask[:, :-1], past_key_values=cache)
+        model(input_ids=follow[:, :1], attention_mask=mask, past_key_values=cache)

@@ -39,42 +39,44 @@ def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return fi._flash_attn_fwd(q, k, v, **kwargs)[0]
 
 
-def key_ranges(attention_mask: Any, position_ids: Any, batch: int) -> tuple[Any, Any]:
+def key_ranges(attention_mask: Any, position_ids: Any, batch: int, *, check: bool = True) -> tuple[Any, Any]:
     """``(start, count)`` (int32 ``[batch]``): each row's tokens are the cache slots
     ``[start, start + count)``, the mask's one run of True (left padding before it, a
     static buffer's unused slots after it); without a mask, ``position_ids[:, -1] + 1``
-    tokens from slot 0."""
+    tokens from slot 0. ``check``: refuse (on the device) a mask that is not one run per row."""
     import torch
 
     if attention_mask is None:
         count = (position_ids[..., -1] + 1).to(torch.int32).expand(batch).contiguous()
         return torch.zeros_like(count), count
-    m = attention_mask.to(torch.bool)
+    m = attention_mask if attention_mask.dtype != torch.bool else attention_mask.to(torch.uint8)
     count = m.sum(1, dtype=torch.int32)
-    start = m.to(torch.uint8).argmax(1).to(torch.int32)  # the first True (0 for an empty row)
-    slot = torch.arange(m.shape[1], device=m.device)
-    run = (slot >= start[:, None]) & (slot < (start + count)[:, None])
-    torch._assert_async(
-        (run == m).all(),
-        "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
-        "(left padding; no gaps, no right padding)",
-    )
+    start = m.argmax(1).to(torch.int32)  # the first 1 (0 for an empty row)
+    if check:
+        slot = torch.arange(m.shape[1], device=m.device)
+        run = (slot >= start[:, None]) & (slot < (start + count)[:, None])
+        torch._assert_async(
+            (run == m.to(torch.bool)).all(),
+            "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
+            "(left padding; no gaps, no right padding)",
+        )
     return start, count
 
 
 def _sequences(
-    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int
+    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
 ) -> tuple[Any, Any]:
     """``cu_seqlens_k`` (``[B * Hkv + 1]``) and ``seqused_k`` (``[B * Hkv]``) over the cache
-    flattened to ``[B * Hkv * Tk]`` slots."""
+    flattened to ``[B * Hkv * Tk]`` slots. A few element-wise kernels per layer of every
+    decode step, where each launch costs about as much as the work: kept few."""
     import torch
 
-    start, count = key_ranges(attention_mask, position_ids, batch)
-    device = start.device
-    # Without a mask, a sliding cache holds fewer than all tokens so far.
-    count = torch.minimum(count, torch.full_like(count, keys) - start)
-    offsets = torch.arange(batch * heads_kv + 1, device=device, dtype=torch.int32) * keys
-    cu = offsets.clone()
+    start, count = key_ranges(attention_mask, position_ids, batch, check=check)
+    if attention_mask is None or attention_mask.shape[1] > keys:
+        # Without a mask (or one wider than the keys), a sliding cache holds fewer than all
+        # tokens so far; a mask as wide as the keys bounds its run itself.
+        count = torch.minimum(count, keys - start)
+    cu = torch.arange(0, (batch * heads_kv + 1) * keys, keys, device=start.device, dtype=torch.int32)
     # Each row's value for each of its KV heads (an expand: no output size to read back).
     cu[:-1] += start[:, None].expand(batch, heads_kv).reshape(-1)
     # FA4 asserts dense offsets: at batch 1 the reshape of an expand is a stride-0 view.
@@ -82,13 +84,12 @@ def _sequences(
 
 
 def sequences(
-    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int
+    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
 ) -> tuple[Any, Any]:
     """:func:`_sequences` for one layer. Not shared across layers: a value kept between calls
     would stay alive in a CUDA-graph tree's memory pool without being one of the graph's
-    outputs, which torch.compile's cudagraphs refuse (seen on the H200); these are a few
-    element-wise kernels on ``[batch]`` tensors."""
-    return _sequences(attention_mask, position_ids, batch, heads_kv, keys)
+    outputs, which torch.compile's cudagraphs refuse (seen on the H200)."""
+    return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
 
 
 def forward(
@@ -101,10 +102,13 @@ def forward(
     window: int | None,
     softmax_scale: float,
     softcap: float,
+    check_mask: bool = True,
 ) -> Any:
     """``[B, Tq, Hq, Dv]`` for ``query [B, Hq, Tq, D]`` and the cache ``key``/``value``
     ``[B, Hkv, Tk, D]``; ``window``: keys before the query's position (transformers'
-    ``sliding_window - 1``), None for none; ``softcap`` 0 for none."""
+    ``sliding_window - 1``), None for none; ``softcap`` 0 for none; ``check_mask``: check
+    that the mask is one run per row (once per step is enough: every layer gets the same
+    rows)."""
     B, Hq, Tq, D = query.shape
     Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     g = Hq // Hkv
@@ -112,7 +116,7 @@ def forward(
     q = query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(n, Tq, g, D)
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
-    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk)
+    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask)
     # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
@@ -176,7 +180,7 @@ def op() -> Any:
         torch.library.define(
             name,
             "(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? position_ids, "
-            "bool causal, int? window, float softmax_scale, float softcap) -> Tensor",
+            "bool causal, int? window, float softmax_scale, float softcap, bool check_mask=True) -> Tensor",
             lib=_LIB[0],
             tags=(torch.Tag.pt2_compliant_tag,),
         )
