@@ -138,8 +138,8 @@ def cpu(args: argparse.Namespace) -> None:
             (
                 f"warm of one spec, 5 kernels ({os.cpu_count()} CPU cores, whole command, fresh store per run)",
                 body + "\n\nThe machine is shared (load average at each start above); runs alternate so "
-                "that load falls on both alike. -j 2 pays a second import of torch and FA4 in CPU "
-                "seconds; it shortens the wall only where the second core is free for this job.",
+                "that load falls on both alike. -j 2 forks its second worker after the one "
+                "import of torch and FA4; it shortens the wall only where the second core is free for this job.",
             )
         ],
         {"runs": runs, "median_s": med, "ratio": ratio, "loadavg": os.getloadavg()},
