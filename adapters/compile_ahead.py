@@ -162,8 +162,9 @@ def _on_miss(event: str, cache: Any, key: Any, ref: Any, waited: float) -> None:
         elif event == "waiting":
             if _server is not None and _server.proc.poll() is None:
                 # The server's children take them (it imported FA4 long ago): this process
-                # stays free to load the forward the moment it is published.
-                _start_backward(call)
+                # stays free to load the forward the moment it is published. One worker:
+                # the process compiling the forward has most likely started them already.
+                _start_backward(call, kernels=1)
             else:
                 _help_while_held(call, ref)
     finally:
@@ -197,35 +198,29 @@ def _plan_backward(call: tuple[Any, Any]) -> tuple[CallJob, list[Kernel]] | None
     return job, _missing(kernel_set.plan(job.run))
 
 
-def _start_backward(call: tuple[Any, Any]) -> None:
-    planned = _plan_backward(call)
-    if not planned or not planned[1]:
-        return
-    job, kernels = planned
+# A backward's kernels: preprocess, the backward, and one or two postprocess conversions.
+BACKWARD_KERNELS = 4
+
+
+def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> None:
+    """Hand the backward of ``call`` to the server's workers, as many as ``kernels`` (within
+    this process's share of the cores). Its kernels are listed there, not here: this runs
+    between a forward's miss and its compile, on the critical path."""
+    store = runtime.installed_store()
     tc = runtime.current_toolchain()
-    assert tc is not None
-    task = {
-        "jobs": [job],
-        "targets": [k.digest for k in kernels],
-        "wait": False,
-        "ahead": True,
-        "toolchain": tc.id,
-    }
+    if store is None or tc is None or not store.writable:
+        return
+    job = backward_job(*call)
+    if job is None:
+        return
     server = _get_server()
     if server is None:
         return
-    now = time.perf_counter()
-    with _lock:
-        for k in kernels:
-            _launched.setdefault(k.digest, now)
-    n = _children(len(kernels))
-    server.submit({**task, "fork": n})
-    log.info(
-        "fa4cache: compiling %d backward kernel(s) ahead in %d background worker(s): %s",
-        len(kernels),
-        n,
-        ", ".join(k.kind for k in kernels),
-    )
+    n = _children(kernels)
+    # No targets: each worker lists the job's kernels and takes those nobody holds or has.
+    task = {"jobs": [job], "targets": None, "wait": False, "ahead": True, "toolchain": tc.id, "fork": n}
+    server.submit(task)
+    log.info("fa4cache: compiling the backward kernels ahead in %d background worker(s)", n)
 
 
 def _help_while_held(call: tuple[Any, Any], ref: Any) -> None:
