@@ -75,6 +75,9 @@ class Counters:
         self.started = time.time()
         self._token = secrets.token_hex(4)
         self._lock = threading.Lock()
+        # One flush at a time: two threads' snapshots written in the other order would
+        # leave the older one on disk (seen with a Ray actor serving fetches on 4 threads).
+        self._flush_lock = threading.Lock()
         # Throttled flushes count from process start: the first kernel loads of a new
         # process must not pay for a counter write.
         self._last_flush = time.monotonic()
@@ -120,19 +123,26 @@ class Counters:
             return
         for hook in list(_pre_flush_hooks):
             hook()
-        now = time.monotonic()
-        if not self._dirty or (throttle and now - self._last_flush < throttle):
-            return
-        path = self.path
-        assert path is not None
-        try:
-            atomic_write(path, json.dumps(self.snapshot()).encode(), durable=False)
-            self._dirty = False
-            self._last_flush = now
-        except OSError as e:
-            # Full disk or read-only store: counting is best effort, the kernel call is not.
-            self._failed = True
-            log.warning("fa4cache: cannot persist counters to %s (%s); counting in memory only", path, e)
+        with self._flush_lock:
+            now = time.monotonic()
+            if not self._dirty or (throttle and now - self._last_flush < throttle):
+                return
+            path = self.path
+            assert path is not None
+            with self._lock:
+                self._dirty = False  # an add from here on marks it again, for the next flush
+            snap = self.snapshot()
+            try:
+                atomic_write(path, json.dumps(snap).encode(), durable=False)
+                self._last_flush = now
+            except OSError as e:
+                self._dirty = True
+                self._fail(path, e)
+
+    def _fail(self, path: Path, e: OSError) -> None:
+        # Full disk or read-only store: counting is best effort, the kernel call is not.
+        self._failed = True
+        log.warning("fa4cache: cannot persist counters to %s (%s); counting in memory only", path, e)
 
 
 # Called before each flush so that lock-free counters elsewhere can be folded in.
