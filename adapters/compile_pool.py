@@ -96,7 +96,6 @@ class Worker:
         )
         self.started_at = time.perf_counter()
         self._send_lock = threading.Lock()
-        self.ready = threading.Event()
         self.busy = 0
         self.results: collections.deque[dict[str, Any]] = collections.deque()
         self._result = threading.Condition()
@@ -128,7 +127,6 @@ class Worker:
         for raw in self.proc.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             if line == "READY":
-                self.ready.set()
                 log.debug(
                     "fa4cache: compile server %d ready in %.2f s",
                     self.pid,
@@ -146,7 +144,6 @@ class Worker:
                         self.results.append(result)
                     self.busy -= 1
                     self._result.notify_all()
-        self.ready.set()
         with self._result:
             self.busy = 0
             self._result.notify_all()

@@ -120,7 +120,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     errors: dict[int, str] = {}
     todo: list[tuple[int, Any]] = []
     seen: set[str] = set()
-    t_plan = time.time()
     for i, job in enumerate(jobs):
         try:
             kernels = kernel_set.plan(job.run)
@@ -136,7 +135,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     compiled: dict[str, float] = {}
     # When each kernel this process compiled started and ended (wall clock), for a timeline.
     spans: dict[str, tuple[str, float, float]] = {}
-    plan_s = time.time() - t_plan
     left: list[tuple[int, Any]] = []
 
     def present(k: Any) -> bool:
@@ -181,7 +179,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         "compiled": compiled,
         "errors": {str(i): e for i, e in errors.items()},
         "pid": os.getpid(),
-        "plan_s": plan_s,
         "spans": spans,
     }
 

@@ -54,6 +54,7 @@ GEMMA2_9B = {
     "num_attention_heads": 16, "num_key_value_heads": 8, "torch_dtype": "bfloat16",
     "sliding_window": 4096, "attn_logit_softcapping": 50.0,
 }  # fmt: skip
+MODELS = (("Qwen3-8B", QWEN3_8B), ("Gemma 2 9B", GEMMA2_9B))
 TITLE = "Cold start in parallel on the H200 host"
 PROC_HEAD = [
     "processes", "compile-ahead", "first step wall s", "compiles", "distinct kernels", "compiled ahead",
@@ -315,7 +316,7 @@ def gpu(args: argparse.Namespace) -> None:
             rows = []
             env = env_with(FA4CACHE_COMPILE_AHEAD="0")
             per_kernel: list[str] = []
-            for name, cfg in (("Qwen3-8B", QWEN3_8B), ("Gemma 2 9B", GEMMA2_9B)):
+            for name, cfg in MODELS:
                 one = warm_run(tmp, cfg, 1, env, per_kernel)
                 auto = warm_run(tmp, cfg, None, env)
                 rows.append(
@@ -329,7 +330,7 @@ def gpu(args: argparse.Namespace) -> None:
                     table(["model", "kernels", "-j 1 s", "-j default s", "ratio (target <= 0.4)"], rows),
                 )
             )
-            for (name, _), kt in zip((("Qwen3-8B", 0), ("Gemma 2 9B", 0)), per_kernel):
+            for (name, _), kt in zip(MODELS, per_kernel):
                 sections.append((f"{name}: each kernel's compile, warm -j 1", kt))
             save("cold_start_h200", TITLE, sections, data)  # what a timeout leaves is still written
         if "step" in parts:
