@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fa4cache import warmth
 from fa4cache.hashing import encode_key, key_digest
+from fa4cache.identity import is_memory_only
 from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
@@ -122,6 +124,12 @@ class StoreCompileCache:
             self.memory_hits += 1
             return True
         sel = getattr(_tl, "select", None)
+        if is_memory_only(key):
+            # Code no key describes completely (.fa4_keys): compiled here, never stored,
+            # listed or shipped to a compile worker.
+            if sel is None:
+                warmth.check(self.kind, "its mask_mod/score_mod cannot be keyed, so it is never stored")
+            return sel is not None
         if sel is not None:
             return sel(self, key)
         return self._miss(key)
@@ -131,6 +139,9 @@ class StoreCompileCache:
 
     def __setitem__(self, key: Any, fn: Any) -> None:
         self.cache[key] = fn
+        if is_memory_only(key):
+            self._inst.store.counters.add("memory_only_compiles")
+            return
         pending = self._pending.pop(key, None)
         try:
             self._inst.publish(self, key, fn, pending)
@@ -185,7 +196,16 @@ class StoreCompileCache:
             _notify("loaded", self, key, ref, time.perf_counter() - t0)
             return True
         store.counters.add("misses")
-        nearmiss.report(store, ref, encoded)  # "shipped but never hit": which key fields differ
+        from .fa4_key_names import field_names
+
+        names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
+        why = nearmiss.report(store, ref, encoded, names)  # "shipped but never hit": which fields differ
+        try:
+            warmth.check(self.kind, why)
+        except BaseException:
+            release(lock)
+            raise
+        warmth.note_compile(self.kind, encoded, names)
         self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
         _remember_pending(self, key)
         _notify("compiling", self, key, ref)

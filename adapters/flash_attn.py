@@ -25,7 +25,7 @@ from fa4cache.store import counters as _counters
 from fa4cache.store import installed as runtime
 from fa4cache.store.store import Store
 
-from . import compile_cache, cross_compile, fa4_interval_masking, mask_tiles
+from . import compile_cache, cross_compile, fa4_interval_masking, fa4_keys, mask_tiles
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 from .import_hook import PostImportHook
 from .installation import Installation, _Patch
@@ -57,6 +57,7 @@ def _modules_to_patch() -> list[types.ModuleType]:
 
 
 def _patch_module(inst: Installation, module: types.ModuleType) -> int:
+    inst.hash_patches.extend(fa4_keys.patch_module(module))
     n = 0
     already = {(id(p.module), p.name) for p in inst.patches}
     for name, obj in list(vars(module).items()):
@@ -186,4 +187,6 @@ def uninstall() -> None:
                 target.update(p.cache.cache)
             p.original_fn.compile_cache = original
             setattr(p.module, p.name, p.original_fn)
+        for module, name, original_hash in reversed(inst.hash_patches):
+            setattr(module, name, original_hash)
         _installed = None

@@ -46,6 +46,8 @@ class Installation:
     store: Store
     patches: list[_Patch] = field(default_factory=list)
     codegen_patches: dict[str, str] = field(default_factory=dict)
+    # (module, name, FA4's hash_callable) where fa4cache's sound hash replaced it (.fa4_keys)
+    hash_patches: list[tuple[types.ModuleType, str, Any]] = field(default_factory=list)
     _toolchain: Toolchain | None = None
     # How artifacts become callables and kernels become artifacts: FA4's by default; the
     # fast tests pass a fake compiler's pair (attention-gym's FakeCompiled, same idea).

@@ -13,9 +13,11 @@ convention)::
 * Otherwise the key is the function's qualified name, its arguments bound to its
   signature (defaults filled in) and canonically encoded (:func:`fa4cache.hashing.encode_key`),
   and a digest of its source, the user functions it reaches and the global values they
-  read (:func:`fa4cache.hashing.source_digest`, as for masks): a module constant the
-  kernel reads gets another entry when it changes. An argument without a stable
-  encoding raises :class:`~fa4cache.errors.UnstableKeyError`.
+  read, wherever they live (:mod:`fa4cache.identity`, as for masks): a module constant,
+  an attribute or a helper the kernel reads gets another entry when it changes, also at
+  run time. An argument without a stable encoding raises
+  :class:`~fa4cache.errors.UnstableKeyError`; code no key can describe completely (it
+  reads an object fa4cache cannot value) compiles in memory only, with one warning.
 * Entries go through the store like FA4's (:class:`~.compile_cache.StoreCompileCache`):
   single-flight across processes, integrity and owner checks, counters by kind
   (``jit.<function>``), prune, base stores. The store is the installed one
@@ -42,9 +44,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fa4cache.arch import parse_arch, resolved_arch, target_num_sms
-from fa4cache.errors import ConfigError, UnstableKeyError
+from fa4cache.errors import ConfigError, UnkeyableCode, UnstableKeyError
 from fa4cache.fingerprint import Toolchain, toolchain
-from fa4cache.hashing import encode_key, key_digest, source_digest
+from fa4cache.hashing import encode_key, key_digest
+from fa4cache.identity import Identity, current
 from fa4cache.settings import Settings
 from fa4cache.store import counters as _counters
 from fa4cache.store import installed as runtime
@@ -217,7 +220,9 @@ class JitState:
         self.misses = 0
         self._folded = 0
         self._signature: inspect.Signature | None = None
-        self._source: str | None = None
+        # The identity the kernels in ``cache`` were compiled under: a memory hit re-checks it,
+        # so a constant changed at run time compiles again instead of reusing the old kernel.
+        self.watch: Identity | None = None
         self._caches: dict[int, StoreCompileCache] = {}
         self._store: Store | None = None
         self._warned = False
@@ -231,12 +236,11 @@ class JitState:
 
     # -- keys ---------------------------------------------------------------------
     def source(self) -> str:
-        if self._source is None:
-            try:
-                self._source = source_digest(self.fn, follow_classes=True)
-            except UnstableKeyError as e:
-                raise UnstableKeyError(f"fa4cache.jit_cache({self.qualified}): {e}") from None
-        return self._source
+        """The function's code identity as it is now (:mod:`fa4cache.identity`); raises
+        :class:`~fa4cache.errors.UnkeyableCode` when no key can describe it."""
+        ident = current(self.fn)
+        self.watch = ident
+        return ident.digest
 
     def canonical(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The call's store key (before encoding): name, source digest, bound arguments."""
@@ -275,6 +279,12 @@ class JitState:
             return self._memory_only(key, args, kwargs)
         try:
             canonical = self.canonical(args, kwargs)
+        except UnkeyableCode as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("fa4cache: %s compiles in memory only, never stored: %s", self.qualified, e)
+            store.counters.add("memory_only_compiles")
+            return self._memory_only(key, args, kwargs)
         except UnstableKeyError:
             if not self.library:
                 raise
@@ -362,6 +372,10 @@ def make_wrapper(
         try:
             compiled = cache[key]
         except (KeyError, TypeError):  # TypeError: an unhashable argument, judged by the miss path
+            return state.miss(key, args, kwargs)
+        watch = state.watch
+        if watch is not None and not watch.valid():
+            cache.clear()  # compiled for code or constants that are no longer there
             return state.miss(key, args, kwargs)
         state.hits += 1
         return compiled

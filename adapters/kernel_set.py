@@ -81,24 +81,59 @@ class CallJob:
 
 
 @dataclass(frozen=True)
-class TemplateRef:
-    """A mask template's ``mask_mod``, by its module, template name and specialisation: the
-    worker gets the same object (same ``__cute_hash__``) from the template."""
+class CodeRef:
+    """A mask_mod / score_mod by name, with the key its requester computed for it
+    (:func:`.fa4_keys.base_hash`). The worker resolves it and compiles only if its own key
+    for the object it found is the same: a constant the requester set at run time, or a
+    module edited since, must never have the worker publish bytes of other code under the
+    requester's key."""
 
     module: str
-    template: str
-    spec: tuple[tuple[str, Any], ...]
+    qualname: str
+    key: str
+    template: tuple[str, tuple[tuple[str, Any], ...]] | None = None  # (template name, spec)
 
     def resolve(self) -> Any:
         import importlib
 
         from fa4cache.masks.template import MaskTemplate
 
+        from .fa4_keys import base_hash
+
         mod = importlib.import_module(self.module)
-        for obj in vars(mod).values():
-            if isinstance(obj, MaskTemplate) and obj.name == self.template:
-                return obj(**dict(self.spec))
-        raise LookupError(f"no mask template {self.template!r} in {self.module}")
+        if self.template is not None:
+            name, spec = self.template
+            found = next((o for o in vars(mod).values() if isinstance(o, MaskTemplate) and o.name == name), None)
+            if found is None:
+                raise LookupError(f"no mask template {name!r} in {self.module}")
+            obj = found(**dict(spec))
+        else:
+            obj = mod
+            for part in self.qualname.split("."):
+                obj = getattr(obj, part)
+        if base_hash(obj) != self.key:
+            raise LookupError(
+                f"{self.module}.{self.qualname} is other code in this worker than in the process that asked "
+                "(a constant set at run time, or a file edited since): that process compiles it itself"
+            )
+        return obj
+
+
+def _code_ref(value: Any) -> CodeRef:
+    from fa4cache.identity import MEMORY_ONLY
+
+    from .fa4_keys import base_hash
+
+    key = base_hash(value)
+    if key.startswith(MEMORY_ONLY):
+        raise TypeError("a callable no key describes completely stays in its process")
+    info = getattr(value, "__fa4cache_mask__", None)
+    if isinstance(info, dict):
+        return CodeRef(value.__module__, "", key, (info["template"], tuple(sorted(info["spec"].items()))))
+    qualname = getattr(value, "__qualname__", "")
+    if "<locals>" in qualname or "<lambda>" in qualname or not qualname:
+        raise TypeError(f"{qualname or value!r} is not reachable by name from another process")
+    return CodeRef(value.__module__, qualname, key)
 
 
 def describe(value: Any) -> Any:
@@ -110,9 +145,9 @@ def describe(value: Any) -> Any:
         return TensorMeta(
             tuple(value.shape), tuple(value.stride()), str(value.dtype).removeprefix("torch."), False
         )
-    info = getattr(value, "__fa4cache_mask__", None)
-    if callable(value) and isinstance(info, dict):
-        return TemplateRef(value.__module__, info["template"], tuple(sorted(info["spec"].items())))
+    if callable(value) and not isinstance(value, type):
+        # Never by reference (pickle): by name and key, checked where it lands.
+        return _code_ref(value)
     if isinstance(value, dict):
         return {k: describe(v) for k, v in value.items()}
     if isinstance(value, tuple) and hasattr(value, "_fields"):
@@ -133,7 +168,7 @@ def _rebuild(value: Any) -> Any:
         return torch.empty_strided(
             value.shape, value.stride, dtype=getattr(torch, value.dtype), device="cuda"
         )
-    if isinstance(value, TemplateRef):
+    if isinstance(value, CodeRef):
         return value.resolve()
     if isinstance(value, dict):
         return {k: _rebuild(v) for k, v in value.items()}

@@ -24,6 +24,7 @@ from .errors import (
     Fa4CacheError,
     FA4NotAvailable,
     InsecurePath,
+    UnkeyableCode,
     UnstableKeyError,
 )
 from .settings import Settings
@@ -49,6 +50,9 @@ __all__ = [
     "KernelSpec",
     "attention",
     "jit_cache",
+    "expect_warm",
+    "UnexpectedCompile",
+    "UnkeyableCode",
 ]
 
 # Lazily resolved names: module they live in.
@@ -66,6 +70,8 @@ _LAZY = {
     "KernelSpec": "fa4cache.aot.spec",
     "attention": "fa4cache.ops.attention",
     "jit_cache": "fa4cache.adapters.jit_cache",
+    "expect_warm": "fa4cache.warmth",
+    "UnexpectedCompile": "fa4cache.warmth",
 }
 
 # Subpackages reachable as attributes without an import of their own, as the README
@@ -79,6 +85,7 @@ if _typing.TYPE_CHECKING:
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats
     from fa4cache.store.store import Store
+    from fa4cache.warmth import UnexpectedCompile, expect_warm
 
     from .masks import (
         AttentionMask,

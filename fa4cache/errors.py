@@ -34,3 +34,16 @@ class InsecurePath(Fa4CacheError, PermissionError):
 
 class FA4NotAvailable(Fa4CacheError, ImportError):
     """flash-attn-4 is missing, or its layout is not one this version of fa4cache knows."""
+
+
+class UnkeyableCode(UnstableKeyError):
+    """User code whose kernel no key can describe completely: it reads a value fa4cache
+    cannot encode (an arbitrary object, a tensor, a user module as a whole) or its source
+    changed since it was imported. Its kernels stay in memory only; ``name`` is what could
+    not be keyed and ``fix`` what to do about it."""
+
+    def __init__(self, message: str, *, name: str, fix: str) -> None:
+        super().__init__(f"{message}. Fix: {fix}")
+        self.reason = message
+        self.name = name
+        self.fix = fix

@@ -181,6 +181,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),
+    Setting("FA4CACHE_EXPECT_WARM", parse_choice("0", "1", "warn", "error"), "0", "`1`/`warn`: every "
+            "kernel compile is a warning naming the kernel and why it missed (zero JIT after warm-up); "
+            "`error`: it raises `UnexpectedCompile` instead (also `with fa4cache.expect_warm():`)"),
     Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata with PyTorch ops "
             "instead of the fused Triton kernels"),
 )  # fmt: skip

@@ -11,7 +11,8 @@ from collections import namedtuple
 import pytest
 
 from fa4cache.errors import UnstableKeyError
-from fa4cache.hashing import encode_key, key_digest, source_digest
+from fa4cache.hashing import encode_key, key_digest
+from fa4cache.identity import identity
 
 from .conftest import ROOT
 
@@ -86,7 +87,7 @@ def test_digest_is_the_same_in_other_processes_and_seeds() -> None:
     assert outs == {here}
 
 
-def test_source_digest_follows_helpers() -> None:
+def test_identity_follows_helpers() -> None:
     def helper_a(x: int) -> int:
         return x + 1
 
@@ -100,7 +101,7 @@ def test_source_digest_follows_helpers() -> None:
         return f
 
     # Same outer source, different helper in the closure: different digest.
-    assert source_digest(make(helper_a)) != source_digest(make(helper_b))
+    assert identity(make(helper_a)).digest != identity(make(helper_b)).digest
     # Same helper twice (fresh closures, new ids): same digest.
-    assert source_digest(make(helper_a)) == source_digest(make(helper_a))
-    assert source_digest(make(helper_a), "spec=1") != source_digest(make(helper_a), "spec=2")
+    assert identity(make(helper_a)).digest == identity(make(helper_a)).digest
+    assert identity(make(helper_a), "spec=1").digest != identity(make(helper_a), "spec=2").digest

@@ -332,14 +332,12 @@ def test_keys_are_canonical_over_spellings_and_distinct_over_values(kernels: Any
     assert len(seen) > 50
 
 
-def test_source_digest_follows_what_the_kernel_reads(kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_identity_follows_what_the_kernel_reads(kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     st = kernels.compile_scale.__fa4cache_jit__
     before = st.entry(st.canonical((kernels.DTYPES[0],), {}))
     monkeypatch.setattr(kernels, "SCALE", kernels.SCALE + 1)
-    st._source = None  # a new process recomputes it
-    after = st.entry(st.canonical((kernels.DTYPES[0],), {}))
+    after = st.entry(st.canonical((kernels.DTYPES[0],), {}))  # no memo outlives the change
     monkeypatch.undo()
-    st._source = None
     assert before.digest != after.digest
     assert st.entry(st.canonical((kernels.DTYPES[0],), {})) == before
     assert before.kind == "jit.compile_scale"
@@ -363,16 +361,14 @@ def _compile_kernel(n: int) -> int:
     return _Kernel(n).tiles()
 
 
-def test_source_digest_follows_kernel_classes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fa4cache.hashing import source_digest
+def test_identity_follows_kernel_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fa4cache.identity import identity
 
-    before = source_digest(_compile_kernel, follow_classes=True)
-    plain = source_digest(_compile_kernel)
+    before = identity(_compile_kernel).digest
     monkeypatch.setattr(sys.modules[__name__], "_TILE", 64)
-    assert source_digest(_compile_kernel, follow_classes=True) != before
-    assert source_digest(_compile_kernel) == plain  # masks hash classes by name, as before
+    assert identity(_compile_kernel).digest != before
     monkeypatch.undo()
-    assert source_digest(_compile_kernel, follow_classes=True) == before
+    assert identity(_compile_kernel).digest == before
 
 
 def test_kind_names() -> None:

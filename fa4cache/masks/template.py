@@ -5,9 +5,9 @@ the values it captures. A mask that captures sequence lengths compiles again for
 batch layout, and one that captures a nested helper compiles again in every process
 (the helper's repr holds a memory address). A template's arguments are the few
 specialisations that really change the generated code; its ``mask_mod`` reads all
-geometry from aux tensors and carries ``__cute_hash__``, computed from the factory's
-source, everything it reaches and reads (:func:`fa4cache.hashing.source_digest`), the
-template's extra ``sources`` and the specialisation values.
+geometry from aux tensors and carries its live identity: the mask's code,
+everything it reaches and reads (:mod:`fa4cache.identity`), the template's extra
+``sources`` and the specialisation values, re-checked whenever a key is asked for.
 """
 
 from __future__ import annotations
@@ -15,17 +15,29 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from fa4cache.errors import ConfigError
-from fa4cache.hashing import encode_key, source_digest
+from fa4cache.errors import ConfigError, UnkeyableCode
+from fa4cache.hashing import encode_key
+from fa4cache.identity import Identity, current_digest, identity
+
+log = logging.getLogger(__name__)
 
 # A mask_mod whose kept keys are a union of per-row intervals names, under this
 # attribute, a ``@cute.jit`` function ``(batch_idx, head_idx, q_idx, seqlen_info,
 # aux_tensors) -> ((lo, hi), ...)``; the FA4 adapter's interval masking reads it.
 ROW_INTERVALS_ATTR = "__fa4cache_row_intervals__"
+
+
+class _Unkeyable:
+    def valid(self) -> bool:
+        return True
+
+
+_UNKEYABLE: Any = _Unkeyable()
 
 
 class MaskTemplate:
@@ -48,7 +60,7 @@ class MaskTemplate:
         self.sources = tuple(sources)
         self._mods: dict[str, Callable[..., Any]] = {}
         self._lock = threading.Lock()
-        self._source: str | None = None
+        self._factory: Identity | _Unkeyable | None = None
         # Bound on every mask build (a per-step call): computed once here.
         self._signature = inspect.signature(factory)
         functools.update_wrapper(self, factory)
@@ -74,24 +86,49 @@ class MaskTemplate:
             ) from None
 
     def hash_for(self, **spec: Any) -> str:
-        if self._source is None:
-            self._source = source_digest(self.factory, *self.sources)
+        """The specialisation's hash as its code and everything it reads are now; raises
+        :class:`~fa4cache.errors.UnkeyableCode` when no key can describe it."""
+        return self._live(self(**spec), self.spec_text(**spec))
 
-        return hashlib.sha256(f"{self._source}\0{self.name}\0{self.spec_text(**spec)}".encode()).hexdigest()
+    def _live(self, mod: Callable[..., Any], text: str) -> str:
+        digest = current_digest(mod, *self.sources)
+        return hashlib.sha256(f"{digest}\0{self.name}\0{text}".encode()).hexdigest()
 
     def __call__(self, **spec: Any) -> Callable[..., Any]:
         text = self.spec_text(**spec)
         mod = self._mods.get(text)
-        if mod is not None:
+        if mod is not None and self._factory_unchanged():
             return mod
         with self._lock:
+            if not self._factory_unchanged():
+                self._mods.clear()
             mod = self._mods.get(text)
             if mod is None:
                 mod = self.factory(**spec)
-                mod.__cute_hash__ = self.hash_for(**spec)  # type: ignore[attr-defined]
+                # The store's key (fa4cache.adapters.fa4_keys) asks this at every call.
+                mod.__fa4cache_identity__ = functools.partial(self._live, mod, text)  # type: ignore[attr-defined]
                 mod.__fa4cache_mask__ = {"template": self.name, "spec": self._normalise(spec)}  # type: ignore[attr-defined]
+                try:
+                    # For FA4 without fa4cache installed (its in-process cache).
+                    mod.__cute_hash__ = self._live(mod, text)  # type: ignore[attr-defined]
+                except UnkeyableCode as e:
+                    log.warning("fa4cache: mask template %s compiles in memory only: %s", self.name, e)
                 self._mods[text] = mod
         return mod
+
+    def _factory_unchanged(self) -> bool:
+        """False once something the factory reads has changed since its masks were built
+        (they hold the old values in their closures)."""
+        ident = self._factory
+        if ident is not None and ident.valid():
+            return True
+        try:
+            self._factory = identity(self.factory)
+        except UnkeyableCode:
+            # Not keyable as a whole: each mask's own identity says so, at every call.
+            self._factory = _UNKEYABLE
+            return True
+        return ident is None
 
 
 def mask_template(

@@ -53,6 +53,7 @@ FIELDS = (
     "served",
     "ahead_compiles",  # compiled by a background worker before a step asked (compile-ahead)
     "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
+    "memory_only_compiles",  # kernels of code no key describes completely: never stored (fa4cache.identity)
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"

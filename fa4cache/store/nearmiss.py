@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,31 @@ def _toolchain(root: Path, tc: str, trusted: frozenset[int]) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
-def _fmt(fields: list[tuple[str, Any, Any]]) -> str:
-    shown = ", ".join(f"{p or 'key'}: {a!r} here, {b!r} stored" for p, a, b in fields[:MAX_FIELDS])
+_ENCODING_SUFFIXES = (".i", ".f", ".type", ".enum", ".dtype", ".device", ".nt")
+
+
+def _field(path: str, names: Sequence[str] | None) -> str:
+    """A diff path in words: ``[10]`` -> ``mask_mod_hash`` (FA4's own name for it)."""
+    for suffix in _ENCODING_SUFFIXES:
+        if path.endswith(suffix) or path == suffix[1:]:
+            path = path[: -len(suffix)] if path.endswith(suffix) else ""
+            break
+    if path == "#len":
+        return "the number of key fields"
+    m = re.match(r"\[(\d+)\](.*)", path)
+    if m and names is not None and int(m.group(1)) < len(names):
+        return names[int(m.group(1))] + m.group(2)
+    return path or "key"
+
+
+def _fmt(fields: list[tuple[str, Any, Any]], where: str = "the store", names: Sequence[str] | None = None) -> str:
+    shown = "; ".join(f"{_field(p, names)}: {a!r} here, {b!r} in {where}" for p, a, b in fields[:MAX_FIELDS])
     return shown + (f" and {len(fields) - MAX_FIELDS} more" if len(fields) > MAX_FIELDS else "")
 
 
-def explain(store: Any, ref: EntryRef, encoded: str) -> str | None:
-    """One line on the stored key of ``ref.kind`` closest to ``encoded``, or None."""
+def explain(store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None) -> str | None:
+    """One line on the stored key of ``ref.kind`` closest to ``encoded``, or None; ``names``:
+    the key's field names (FA4's, from its source), so the line says which field differs."""
     try:
         want = json.loads(encoded)
     except ValueError:
@@ -123,25 +142,34 @@ def explain(store: Any, ref: EntryRef, encoded: str) -> str | None:
     if best is None:
         return None
     _, where, root, trusted, tc, fields = best
+    hint = _hint(fields, names)
     if tc != ref.toolchain:
         tdiff = diff(_toolchain(store.root, ref.toolchain, only_me()), _toolchain(root, tc, trusted))
-        tdesc = _fmt([d for d in tdiff if d[0] not in ("id",)]) or "their descriptions are not recorded"
-        head = f"toolchain {tc} in {where}, this process compiles for {ref.toolchain} ({tdesc})"
+        tdesc = _fmt([d for d in tdiff if d[0] not in ("id",)], where) or "their descriptions are not recorded"
+        head = f"another toolchain ({tdesc})"
         if not fields:
-            return f"{ref.kind} miss: the same key is stored for another {head}"
-        return f"{ref.kind} miss: the closest stored key is of another {head}, and differs in {_fmt(fields)}"
-    return f"{ref.kind} miss: the closest stored key (in {where}) differs in {_fmt(fields)}"
+            return f"{ref.kind} miss: the same key is stored in {where} for {head}"
+        return f"{ref.kind} miss: the closest key in {where} is for {head}, and differs in {_fmt(fields, where, names)}{hint}"
+    return f"{ref.kind} miss: the closest key in {where} differs in {_fmt(fields, where, names)}{hint}"
 
 
-def report(store: Any, ref: EntryRef, encoded: str) -> None:
-    """Log :func:`explain` for a miss (see the module docstring). Never raises: it runs on
-    the compile path."""
+def _hint(fields: list[tuple[str, Any, Any]], names: Sequence[str] | None) -> str:
+    words = " ".join(_field(p, names) for p, _, _ in fields)
+    if "mod_hash" in words:
+        return " (the mask_mod/score_mod is other code, or a value it reads changed)"
+    return ""
+
+
+def report(store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None) -> str | None:
+    """Log :func:`explain` for a miss (see the module docstring) and return it. Never
+    raises: it runs on the compile path."""
     first = ref.kind not in _seen_kinds and not store.counters.by_kind.get(ref.kind, {}).get("disk_hits")
     _seen_kinds.add(ref.kind)
     try:
-        why = explain(store, ref, encoded)
+        why = explain(store, ref, encoded, names)
     except Exception as e:  # a diagnostic must never cost the compile
         log.debug("fa4cache: could not explain a miss: %s", e)
-        return
+        return None
     if why is not None:
         log.log(logging.WARNING if first else logging.INFO, "fa4cache: %s", why)
+    return why

@@ -1,0 +1,644 @@
+"""Code identity: a digest over everything a user function's generated kernel can depend on.
+
+A ``mask_mod``, a ``score_mod`` or a ``@jit_cache`` function is traced by the CuTe DSL:
+the kernel it becomes depends on its own source and on everything it reads while being
+traced. A persistent key must cover all of that, or a later run loads a kernel built for
+other code (the failure FA4's in-process ``hash_callable`` -- source text plus ``repr`` of
+closure cells -- turns into once kernels outlive the process). :func:`identity` walks:
+
+* the source of the function and of every function it reaches, transitively, wherever it
+  is defined: through globals, closure cells, defaults, attribute chains
+  (``helpers.offset``), bound methods, ``functools.partial`` and user classes;
+* the *values* of the globals, attribute chains (``cfg.WIDTH``), closure cells and
+  defaults it reads, encoded by value, never by ``repr``;
+* library code (the files of the distributions the toolchain fingerprint names: FA4,
+  the CUTLASS DSL, QuACK, tvm-ffi, torch) by name only: the fingerprint covers it. The
+  standard library by name and Python version. Nothing is judged by a name prefix:
+  ``torchtitan`` is user code.
+
+What it cannot value (an arbitrary object, a tensor, a user module used as a whole, a
+source file edited since it was imported) raises :class:`~fa4cache.errors.UnkeyableCode`
+naming the name and the fix: callers then keep the kernel in memory only.
+
+An :class:`Identity` remembers what it read, so :meth:`Identity.valid` can tell cheaply
+whether any of it changed since (a module constant set at run time, a function
+redefined); :func:`current_digest` recomputes then. No digest outlives what it covers.
+"""
+
+from __future__ import annotations
+
+import dis
+import enum
+import functools
+import hashlib
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+import textwrap
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+from .errors import UnkeyableCode, UnstableKeyError
+from .hashing import encode_key
+
+IDENTITY_FORMAT = "fa4cache-identity-v1"
+# A compile key holding a string with this prefix names code no key describes completely:
+# it is compiled and kept in memory, never stored, fetched or shipped.
+MEMORY_ONLY = "fa4cache-memory-only:"
+MAX_FUNCTIONS = 256
+_MAX_DEPTH = 24
+_PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
+_MISSING = object()
+_FIX = (
+    "make it a constant (number, string, tuple, enum, frozen dataclass), pass it to the kernel as "
+    "an aux tensor, or give it an explicit key: obj.__fa4cache_key__ = '<a string that changes "
+    "whenever what it means does>' (for a mask_mod or score_mod itself: fn.__cute_hash__ = '...')"
+)
+
+# The distributions whose files are library code: what fa4cache.fingerprint versions.
+LIBRARY_DISTRIBUTIONS = (
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-core",
+    "nvidia-cutlass-dsl-libs-cu12",
+    "nvidia-cutlass-dsl-libs-cu13",
+    "apache-tvm-ffi",
+    "quack-kernels",
+    "torch",
+)
+
+
+# --------------------------------------------------------------------------- where code lives
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[tuple[str, str], ...]:
+    """(directory prefix, ``dist==version``) of every top-level package or module the library
+    distributions install, longest first. Read from their RECORDs: no import."""
+    from importlib import metadata
+
+    roots: dict[str, str] = {}
+    for name in LIBRARY_DISTRIBUTIONS:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        label = f"{name}=={dist.version}"
+        tops: set[str] = set()
+        for f in dist.files or ():
+            parts = f.parts
+            if not parts or parts[0].endswith((".dist-info", ".data")) or parts[0] in ("..", "bin"):
+                continue
+            if len(parts) == 1:
+                if parts[0].endswith(".py"):
+                    tops.add(parts[0])  # a top-level module
+                continue
+            # flash_attn is shared with FlashAttention 2: FA4 owns only its own subpackages.
+            tops.add("/".join(parts[:2]) if parts[0] == "flash_attn" and len(parts) > 2 else parts[0])
+        for top in tops:
+            path = os.path.realpath(str(dist.locate_file(top)))
+            roots[path if top.endswith(".py") else path + os.sep] = label
+    return tuple(sorted(roots.items(), key=lambda kv: -len(kv[0])))
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    out = {os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k)}
+    site = {os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib") if paths.get(k)}
+    return tuple(sorted(out - site))
+
+
+@functools.lru_cache(maxsize=4096)
+def library_label(filename: str) -> str | None:
+    """``dist==version`` of the library distribution a file belongs to, ``stdlib-cpXY`` for
+    the standard library, None for user code."""
+    if not filename or filename.startswith("<"):
+        return None
+    real = os.path.realpath(filename)
+    for prefix, label in _library_roots():
+        if real == prefix or real.startswith(prefix):
+            return label
+    for prefix in _stdlib_roots():
+        if real.startswith(prefix) and "site-packages" not in real[len(prefix) :]:
+            return f"stdlib-{_PY}"
+    return None
+
+
+def _module_file(name: str | None) -> str:
+    mod = sys.modules.get(name or "")
+    return getattr(mod, "__file__", None) or ""
+
+
+def _library_of_module(module: types.ModuleType) -> str | None:
+    if module.__name__ in sys.builtin_module_names:
+        return f"builtin-{_PY}"
+    return library_label(getattr(module, "__file__", None) or "")
+
+
+def _library_of_class(cls: type) -> str | None:
+    if cls.__module__ == "builtins":
+        return "builtins"
+    return library_label(_module_file(cls.__module__)) or (
+        f"builtin-{_PY}" if cls.__module__ in sys.builtin_module_names else None
+    )
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_file(filename: str, stamp: tuple[int, int]) -> frozenset[tuple[Any, ...]]:
+    """:func:`_code_sig` of every code object of ``filename`` as it is on disk now."""
+    lines = linecache.getlines(filename)
+    try:
+        top = compile("".join(lines), filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    out: set[tuple[Any, ...]] = set()
+    todo = [top]
+    while todo:
+        c = todo.pop()
+        out.add(_code_sig(c))
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return frozenset(out)
+
+
+def _stamp(filename: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(filename)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def function_source(fn: types.FunctionType) -> str:
+    """The source ``fn`` was compiled from, checked against its code object: a file edited
+    since its module was imported no longer describes the code that runs, and would key
+    the old code's kernel under the new text."""
+    code = fn.__code__
+    filename = code.co_filename
+    stamp = _stamp(filename)
+    if stamp is None:
+        # No file (REPL, exec): the bytecode, which names the code for this Python only.
+        return f"bytecode-{_PY}:{code.co_code.hex()}:{_consts_text(code)}"
+    linecache.checkcache(filename)
+    if _code_sig(code) not in _compiled_file(filename, stamp):
+        raise UnkeyableCode(
+            f"the source of {fn.__module__}.{fn.__qualname__} ({filename}) changed on disk since it was "
+            "imported, so it does not describe the code that runs",
+            name=f"{fn.__module__}.{fn.__qualname__}",
+            fix="restart the process (or reload the module) after editing it",
+        )
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return f"bytecode-{_PY}:{code.co_code.hex()}:{_consts_text(code)}"
+
+
+def _code_sig(code: types.CodeType) -> tuple[Any, ...]:
+    # Bytecode alone misses a changed constant (return 1 / return 2 share it).
+    return (code.co_name, code.co_firstlineno, code.co_code, _consts_text(code), code.co_names)
+
+
+def _consts_text(code: types.CodeType) -> str:
+    # Nested code (an inner mask_mod, a lambda) by its own signature: edited inside, it differs.
+    return repr([_code_sig(c) if isinstance(c, types.CodeType) else c for c in code.co_consts])
+
+
+# --------------------------------------------------------------------------- what code reads
+
+_LOAD_GLOBAL = {"LOAD_GLOBAL", "LOAD_NAME"}
+_LOAD_FREE = {"LOAD_DEREF", "LOAD_CLASSDEREF"}
+_ATTR = {"LOAD_ATTR", "LOAD_METHOD"}
+
+
+@dataclass(frozen=True)
+class _Read:
+    scope: str  # "global" or "free"
+    name: str
+    attrs: tuple[str, ...]  # () : the name itself is used (passed, called, indexed)
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+def reads(code: types.CodeType, freevars: Iterable[str]) -> set[_Read]:
+    """Globals and closure variables ``code`` (nested code included) reads, each with the
+    attribute chain read from it (``cfg.WIDTH`` -> ``("WIDTH",)``). Where a name is used
+    otherwise too, the bare name is a read of its own: then its whole value matters."""
+    free = set(freevars)
+    out: set[_Read] = set()
+    for c in _codes(code):
+        ins = list(dis.get_instructions(c))
+        for i, op in enumerate(ins):
+            if op.opname in _LOAD_GLOBAL:
+                scope = "global"
+            elif op.opname in _LOAD_FREE and op.argval in free:
+                scope = "free"
+            else:
+                continue
+            attrs: list[str] = []
+            j = i + 1
+            while j < len(ins) and ins[j].opname in _ATTR and isinstance(ins[j].argval, str):
+                attrs.append(ins[j].argval)
+                j += 1
+            out.add(_Read(scope, str(op.argval), tuple(attrs)))
+        for op in ins:
+            if op.opname == "IMPORT_NAME":
+                out.add(_Read("import", str(op.argval), ()))
+    return out
+
+
+# --------------------------------------------------------------------------- identity
+
+
+@dataclass(frozen=True)
+class _Check:
+    """One thing the digest read: ``get()`` must still give the same object (``same``) or,
+    for a mutable value, the same text."""
+
+    get: Callable[[], Any]
+    expected: Any
+    text: str | None = None
+
+    def holds(self, walker_text: Callable[[Any], str]) -> bool:
+        try:
+            now = self.get()
+        except Exception:
+            return False
+        if now is not self.expected:
+            return False
+        return self.text is None or walker_text(now) == self.text
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A function's code identity: ``digest``, and the reads that made it."""
+
+    digest: str
+    checks: tuple[_Check, ...]
+
+    def valid(self) -> bool:
+        """Whether everything the digest read is unchanged (cheap: identity checks, and a
+        re-encoding only of mutable values)."""
+        def text(value: Any) -> str:
+            return _Walker().value(value, "value", 0)
+
+        return all(c.holds(text) for c in self.checks)
+
+
+def _get_item(mapping: dict[str, Any], name: str) -> Callable[[], Any]:
+    return lambda: mapping.get(name, _MISSING)
+
+
+def _get_attr(obj: Any, name: str) -> Callable[[], Any]:
+    return lambda: getattr(obj, name, _MISSING)
+
+
+def _get_cell(cell: Any) -> Callable[[], Any]:
+    def get() -> Any:
+        try:
+            return cell.cell_contents
+        except ValueError:
+            return _MISSING
+
+    return get
+
+
+def _is_mutable(value: Any) -> bool:
+    """Whether ``value`` can change without being replaced (its text is re-checked then)."""
+    if isinstance(value, (list, dict, set, bytearray, functools.partial)):
+        return True
+    if isinstance(value, types.MethodType):
+        return _is_mutable(value.__self__)
+    if isinstance(value, type) or isinstance(value, types.ModuleType) or callable(value):
+        return False
+    if is_dataclass(value):
+        return not type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
+    return isinstance(getattr(value, "__dict__", None), dict)
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.h = hashlib.sha256(f"{IDENTITY_FORMAT}\0".encode())
+        self.checks: list[_Check] = []
+        self.seen: dict[int, Any] = {}  # id -> object, kept alive so ids are not reused
+        self.todo: list[tuple[types.FunctionType, str]] = []
+        self.count = 0
+
+    def feed(self, *parts: str) -> None:
+        for p in parts:
+            self.h.update(p.encode())
+            self.h.update(b"\0")
+
+    def check(self, get: Callable[[], Any], expected: Any, *, by_value: bool = True) -> None:
+        """Record a read; ``by_value``: a mutable value is re-encoded at each check (an object
+        a chain only passes through is checked by identity: the chain's end is checked too)."""
+        text = None
+        if by_value and _is_mutable(expected):
+            try:
+                text = self.mutable_text(expected)
+            except UnkeyableCode:
+                pass  # valuing it for the key raises next, naming where it was read
+        self.checks.append(_Check(get, expected, text))
+
+    def mutable_text(self, value: Any) -> str:
+        # A fresh walker: re-encoding must not follow or record anything.
+        return _Walker().value(value, "value", 0)
+
+    # -- values -------------------------------------------------------------------
+    def value(self, v: Any, where: str, depth: int, *, root: bool = False) -> str:
+        if depth > _MAX_DEPTH:
+            raise UnkeyableCode(f"{where} nests deeper than {_MAX_DEPTH} levels", name=where, fix=_FIX)
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return encode_key(v)
+        if isinstance(v, bytes):
+            return "bytes:" + v.hex()
+        explicit = None if root else _explicit_key(v)  # the root is what an explicit key is made of
+        if explicit is not None:
+            return explicit
+        if isinstance(v, enum.Enum):
+            return f"enum:{self.value(type(v), where, depth + 1)}.{v.name}"
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            inner = ",".join(self.value(x, f"{where}.{f}", depth + 1) for f, x in zip(v._fields, v))
+            return f"nt:{self.value(type(v), where, depth + 1)}({inner})"
+        if isinstance(v, (tuple, list)):
+            inner = ",".join(self.value(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
+            return f"{type(v).__name__}:[{inner}]"
+        if isinstance(v, (set, frozenset)):
+            return f"set:[{','.join(sorted(self.value(x, where + '{}', depth + 1) for x in v))}]"
+        if isinstance(v, dict):
+            items = sorted(
+                f"{self.value(k, where + '.key', depth + 1)}={self.value(x, f'{where}[{k!r}]', depth + 1)}"
+                for k, x in v.items()
+            )
+            return f"dict:{{{','.join(items)}}}"
+        if isinstance(v, type):
+            return self.klass(v, where)
+        if isinstance(v, types.ModuleType):
+            label = _library_of_module(v)
+            if label is None:
+                raise UnkeyableCode(
+                    f"{where} is the user module {v.__name__}, used as a whole: fa4cache cannot tell "
+                    "which of its names the code reads",
+                    name=where,
+                    fix=f"read its names directly ({v.__name__}.NAME) or import them by name",
+                )
+            return f"module:{label}:{v.__name__}"
+        if isinstance(v, types.FunctionType):
+            return self.function_ref(v, where)
+        if isinstance(v, types.MethodType):
+            return f"method:{self.value(v.__self__, where + '.__self__', depth + 1)}.{self.value(v.__func__, where, depth + 1)}"
+        if isinstance(v, functools.partial):
+            return (
+                f"partial:{self.value(v.func, where + '.func', depth + 1)}"
+                f"({self.value(v.args, where + '.args', depth + 1)};{self.value(v.keywords, where + '.keywords', depth + 1)})"
+            )
+        if isinstance(v, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            owner = getattr(v, "__self__", None)
+            if owner is None or isinstance(owner, types.ModuleType):
+                return f"builtin:{getattr(v, '__module__', None)}.{v.__qualname__}"
+        tmod, tname = type(v).__module__, type(v).__qualname__
+        if tmod == "torch" and tname in ("dtype", "device"):
+            return f"torch.{tname}:{v}"
+        wrapped = getattr(v, "__wrapped__", None)
+        if isinstance(wrapped, types.FunctionType):  # a cute.jit or functools.wraps wrapper
+            return f"wrapped:{self.value(type(v), where, depth + 1)}:{self.function_ref(wrapped, where)}"
+        if is_dataclass(v):
+            inner = ",".join(
+                f"{f.name}={self.value(getattr(v, f.name), f'{where}.{f.name}', depth + 1)}" for f in fields(v)
+            )
+            return f"dataclass:{self.klass(type(v), where)}({inner})"
+        label = _library_of_class(type(v))
+        state = getattr(v, "__dict__", None)
+        if label is None and isinstance(state, dict) and not hasattr(type(v), "__slots__"):
+            # A config object, a kernel object, a bound method's self: its class's code and
+            # its attributes are all that it is.
+            inner = ",".join(
+                f"{k}={self.value(x, f'{where}.{k}', depth + 1)}" for k, x in sorted(state.items())
+            )
+            return f"object:{self.klass(type(v), where)}({inner})"
+        if label is not None and tmod.split(".")[0] in ("cutlass", "tvm_ffi") and " at 0x" not in repr(v):
+            # The DSL's numeric constants (cutlass.Int32(4)) print their value.
+            return f"libvalue:{label}:{tmod}.{tname}:{v!r}"
+        if tmod.startswith("torch") and tname in ("Tensor", "Parameter"):
+            raise UnkeyableCode(
+                f"{where} is a tensor: its values are not part of any key",
+                name=where,
+                fix="pass it to the kernel as an aux tensor",
+            )
+        raise UnkeyableCode(
+            f"{where} is a {tmod}.{tname}, which fa4cache cannot key by value", name=where, fix=_FIX
+        )
+
+    def klass(self, cls: type, where: str) -> str:
+        label = _library_of_class(cls)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if label is not None:
+            return f"type:{label}:{name}"
+        if id(cls) in self.seen:
+            return f"class:{name}"
+        self.seen[id(cls)] = cls
+        self.feed("class", name)
+        try:
+            self.feed(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):
+            pass  # its attributes below still describe it
+        for klass in cls.__mro__:
+            if klass is object or _library_of_class(klass) is not None:
+                continue
+            snapshot = dict(vars(klass))
+            self.check(lambda k=klass, snap=snapshot: dict(vars(k)) == snap or _MISSING, True)
+            for attr, member in sorted(snapshot.items()):
+                text = self.member(member, f"{name}.{attr}")
+                if text is not None:
+                    self.feed("attr", klass.__qualname__, attr, text)
+        return f"class:{name}"
+
+    def member(self, member: Any, where: str) -> str | None:
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if isinstance(member, property):
+            return ",".join(self.member(a, where) or "-" for a in (member.fget, member.fset, member.fdel))
+        if isinstance(member, types.FunctionType):
+            if member.__code__.co_filename.startswith("<") and member.__name__.startswith("__"):
+                return None  # generated (dataclass __init__, __eq__): the class source covers it
+            return self.function_ref(member, where)
+        if where.rsplit(".", 1)[-1].startswith("__"):
+            return None  # __dict__, __weakref__, __dataclass_fields__, __doc__: not read by kernels
+        try:
+            return self.value(member, where, 1)
+        except UnkeyableCode:
+            # A class attribute the kernel may never read: counted only where a chain reads it.
+            return f"opaque:{type(member).__module__}.{type(member).__qualname__}"
+
+    # -- functions ----------------------------------------------------------------
+    def function_ref(self, fn: types.FunctionType, where: str) -> str:
+        label = library_label(fn.__code__.co_filename)
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        if label is not None:
+            wrapped = getattr(fn, "__wrapped__", None)
+            if wrapped is not None and wrapped is not fn:  # cute.jit, functools.wraps: what it wraps counts
+                return f"lib:{label}:{name}>{self.value(wrapped, where, 1)}"
+            return f"lib:{label}:{name}"
+        if id(fn) not in self.seen:
+            self.seen[id(fn)] = fn
+            self.todo.append((fn, where))
+        return f"fn:{name}"
+
+    def function(self, fn: types.FunctionType) -> None:
+        self.count += 1
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        if self.count > MAX_FUNCTIONS:
+            raise UnkeyableCode(
+                f"{name} is one of more than {MAX_FUNCTIONS} functions reached", name=name, fix=_FIX
+            )
+        code = fn.__code__
+        self.check(_get_attr(fn, "__code__"), code)
+        self.feed("function", name, function_source(fn))
+        for attr in ("__defaults__", "__kwdefaults__"):
+            d = getattr(fn, attr)
+            self.check(_get_attr(fn, attr), d)
+            if d is not None:
+                self.feed(attr, self.value(d, f"{attr} of {name}", 1))
+        cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+        for r in sorted(reads(code, code.co_freevars), key=lambda r: (r.scope, r.name, r.attrs)):
+            self.read(fn, name, r, cells)
+
+    def read(self, fn: types.FunctionType, name: str, r: _Read, cells: dict[str, Any]) -> None:
+        where = ".".join((r.name, *r.attrs))
+        if r.scope == "import":
+            mod = sys.modules.get(r.name)
+            if mod is None or _library_of_module(mod) is None:
+                raise UnkeyableCode(
+                    f"{name} imports {r.name} inside its body", name=r.name, fix="import it at module level"
+                )
+            self.feed("import", r.name, str(_library_of_module(mod)))
+            return
+        if r.scope == "global":
+            g = fn.__globals__
+            get = _get_item(g, r.name)
+            base = g.get(r.name, _MISSING)
+            if base is _MISSING:
+                builtins = g.get("__builtins__", {})
+                builtins = vars(builtins) if isinstance(builtins, types.ModuleType) else builtins
+                self.check(get, _MISSING)
+                if r.name not in builtins:
+                    self.feed("undefined", r.name)  # a NameError at trace time, as in any run
+                    return
+                base, get = builtins[r.name], _get_item(builtins, r.name)
+        else:
+            cell = cells[r.name]
+            get = _get_cell(cell)
+            base = get()
+        self.check(get, base, by_value=not r.attrs)
+        obj, library_owner = base, None
+        for i, attr in enumerate(r.attrs):
+            if isinstance(obj, types.ModuleType) and _library_of_module(obj) is not None:
+                library_owner = library_owner or obj
+            nxt = getattr(obj, attr, _MISSING)
+            self.check(_get_attr(obj, attr), nxt, by_value=i == len(r.attrs) - 1)
+            obj = nxt
+            if nxt is _MISSING:
+                break  # an AttributeError at trace time, as in any run
+        try:
+            text = self.value(obj, where, 1) if obj is not _MISSING else "missing"
+        except UnkeyableCode as e:
+            if library_owner is None:
+                raise UnkeyableCode(f"{e.reason}, read by {name}", name=e.name, fix=e.fix) from None
+            # A library module's attribute without a value encoding (cute.struct): the
+            # fingerprint versions the library; its name is its identity.
+            text = f"libattr:{_library_of_module(library_owner)}"
+        self.feed("read", r.scope, r.name, ".".join(r.attrs), text)
+
+    def run(self, fn: Any, extra: tuple[str, ...]) -> Identity:
+        self.feed("root", self.value(fn, _name_of(fn), 0, root=True))
+        while self.todo:
+            f, _ = self.todo.pop(0)
+            self.function(f)
+        for e in extra:
+            self.feed("extra", e)
+        return Identity(self.h.hexdigest(), tuple(self.checks))
+
+
+def _name_of(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _explicit_key(v: Any) -> str | None:
+    """A user's own key: ``__fa4cache_key__`` (a string), or an fa4cache mask's live identity."""
+    live = getattr(v, "__fa4cache_identity__", None)
+    if callable(live):
+        return "mask:" + str(live())
+    key = getattr(v, "__fa4cache_key__", None)
+    if isinstance(key, str):
+        return "explicit:" + key
+    return None
+
+
+def identity(fn: Any, *extra: str) -> Identity:
+    """The code identity of ``fn`` (a function, bound method, partial, cute.jit wrapper or
+    class); ``extra`` texts are mixed in. Raises :class:`UnkeyableCode`."""
+    try:
+        return _Walker().run(fn, extra)
+    except UnstableKeyError as e:
+        if isinstance(e, UnkeyableCode):
+            raise
+        raise UnkeyableCode(str(e), name=_name_of(fn), fix=_FIX) from None
+
+
+def is_memory_only(key: Any) -> bool:
+    """Whether a compile key holds a :data:`MEMORY_ONLY` element."""
+    if isinstance(key, str):
+        return key.startswith(MEMORY_ONLY)
+    if isinstance(key, tuple):
+        return any(is_memory_only(k) for k in key)
+    return False
+
+
+class IdentityCache:
+    """``fn``'s current digest, recomputed only when :meth:`Identity.valid` says a read changed."""
+
+    def __init__(self) -> None:
+        self._memo: weakref.WeakKeyDictionary[Any, tuple[tuple[str, ...], Identity]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def get(self, fn: Any, *extra: str) -> Identity:
+        try:
+            hit = self._memo.get(fn)
+        except TypeError:  # not weak-referenceable: no memo
+            return identity(fn, *extra)
+        if hit is not None and hit[0] == extra and hit[1].valid():
+            return hit[1]
+        ident = identity(fn, *extra)
+        with self._lock:
+            self._memo[fn] = (extra, ident)
+        return ident
+
+
+_default_cache = IdentityCache()
+
+
+def current(fn: Any, *extra: str) -> Identity:
+    """The identity of ``fn`` as its code and the values it reads are now (memoised while
+    nothing it read has changed). Raises :class:`UnkeyableCode`."""
+    return _default_cache.get(fn, *extra)
+
+
+def current_digest(fn: Any, *extra: str) -> str:
+    """``current(fn, *extra).digest``."""
+    return _default_cache.get(fn, *extra).digest
