@@ -74,8 +74,8 @@ _LAZY = {
     "UnexpectedCompile": "fa4cache.warmth",
 }
 
-# Subpackages reachable as attributes without an import of their own, as the README
-# writes them (``fa4cache.adapters.transformers.register()``).
+# Subpackages reachable as attributes without an import of their own, as the docs
+# write them (``fa4cache.adapters.transformers.register()``).
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:

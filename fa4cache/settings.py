@@ -3,8 +3,8 @@
 Every knob is an environment variable so that it crosses process boundaries (torchrun
 ranks, Ray workers, compile pools) without code changes. :data:`SETTINGS` declares
 each one once (name, parser, default, documentation); :meth:`Settings.from_env`,
-:meth:`Settings.job_env`, ``fa4cache env`` and the README table all come from it. A
-bad value is a :class:`~fa4cache.errors.ConfigError` that names the variable.
+:meth:`Settings.job_env`, ``fa4cache env`` and the settings reference (``docs/settings.md``)
+all come from it. A bad value is a :class:`~fa4cache.errors.ConfigError` that names the variable.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
 
 
 def markdown_table() -> str:
-    """The README's settings table."""
+    """The settings table of docs/settings.md (written there at build time by scripts/docs_hooks.py)."""
     rows = ["| variable | meaning |", "|---|---|"]
     rows += [f"| `{s.name}` | {s.doc} |" for s in SETTINGS]
     return "\n".join(rows)

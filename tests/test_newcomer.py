@@ -1,6 +1,7 @@
-"""Issue 25: a newcomer's first hour. The README's lines as written, errors that name the
-argument and the fix, a CLI with one toolchain story, help on every flag, exit codes
-0 (success), 1 (a check failed), 2 (bad input).
+"""A newcomer's first hour: the README's commands and quick start lines as written (the
+manual in docs/ says the same), errors that name the argument and the fix, a CLI with one
+toolchain story, help on every flag, exit codes 0 (success), 1 (a check failed), 2 (bad
+input). The README's and the docs' snippets themselves run in tests/test_docs.py.
 
 Fast: the CLI runs in subprocesses on stores written through the real Store API (no
 compile); the quick start runs once in a fresh process with no target arch set.
@@ -12,6 +13,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -75,11 +77,49 @@ def two_toolchains(tmp_path: Path) -> Path:
 
 # ---------------------------------------------------------------- 1-3: the README as written
 
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The two commands, exactly: .ci/run runs the test command, install.sh the extras.
+INSTALL_WARM_STATS = "bash scripts/install.sh && .venv/bin/fa4cache warm && .venv/bin/fa4cache stats"
+TEST_COMMAND = ".venv/bin/python -m pytest -q tests"
+FAST_TIER = '.venv/bin/python -m pytest -q -m "not slow and not compile and not ray" tests'
+
+
+def _snippet(path: Path, first_line: str) -> str:
+    """The fenced block of ``path`` whose first line is ``first_line``."""
+    blocks = path.read_text().split("```")[1::2]
+    found = [b for b in blocks if b.split("\n", 1)[1:] and b.split("\n", 1)[1].startswith(first_line)]
+    assert found, f"{path.name}: no snippet starting with {first_line!r}"
+    return found[0]
+
+
+def test_readme_and_docs_give_the_two_commands_ci_runs() -> None:
+    for path in (README, DOCS / "index.md"):
+        text = path.read_text()
+        assert INSTALL_WARM_STATS in text and TEST_COMMAND in text and FAST_TIER in text, path
+    assert (ROOT / ".ci" / "run").read_text().rstrip().splitlines()[-1] == TEST_COMMAND
+    assert '".[fa4,ray,transformers,test]"' in (ROOT / "scripts" / "install.sh").read_text()
+    # Installed from a checkout or git, never a bare name from PyPI (it is not there).
+    for path in (README, DOCS / "index.md"):
+        assert not re.search(r"pip install (-U )?fa4cache\b(?!\[)", path.read_text()), path
+
 
 def test_quick_start_and_transformers_lines_on_a_cpu_machine_without_a_target(tmp_path: Path) -> None:
-    # The README's quick start and transformers lines, in a fresh process on this CPU
-    # machine with no FLASH_ATTENTION_ARCH: nothing raises, one warning names the variable,
-    # and no toolchain is recorded (nothing can compile for no target).
+    # The README's quick start and transformers lines (the same in docs/masks.md and
+    # docs/transformers.md), in a fresh process on this CPU machine with no
+    # FLASH_ATTENTION_ARCH: nothing raises, one warning names the variable, and no
+    # toolchain is recorded (nothing can compile for no target).
+    quick = _snippet(README, "# needs: GPU, your data loader")
+    assert quick in (DOCS / "masks.md").read_text()
+    for line in (
+        "fa4cache.install()",
+        "from flash_attn.cute import flash_attn_func",
+        "mask = fa4cache.make_document_mask(batch.cu_seqlens, seqlen=q.shape[1])",
+        "out = fa4cache.attention(q, k, v, mask)",
+    ):
+        assert line in quick, line
+    assert "fa4cache.adapters.transformers.register()" in _snippet(README, "# needs: GPU, a model name")
+    assert "fa4cache.adapters.transformers.register()" in (DOCS / "transformers.md").read_text()
     code = """
 import sys
 import fa4cache

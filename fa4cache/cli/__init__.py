@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
-    s.add_argument("--json", action="store_true", help="print the numbers as JSON (schema in the README)")
+    s.add_argument("--json", action="store_true", help="print the numbers as JSON (schema: docs/cli.md)")
     s.add_argument("--zero", action="store_true", help="reset the counters (entries are kept)")
     s.set_defaults(func=cmd_stats)
 

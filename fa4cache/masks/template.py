@@ -152,7 +152,7 @@ def mask_template(
     ``sources``: extra texts the generated code depends on (hashed with the factory).
     A mask that is a union of per-row key intervals may also set
     ``mask_mod.__fa4cache_row_intervals__`` (:data:`ROW_INTERVALS_ATTR`): FA4's Hopper
-    kernels then mask its partial tiles per row (see the README).
+    kernels then mask its partial tiles per row (see docs/masks.md).
     """
     if factory is None:
         return lambda f: MaskTemplate(f, name, sources)

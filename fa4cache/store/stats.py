@@ -13,7 +13,7 @@ from fa4cache.store.paths import Layout
 
 from . import counters as _counters
 
-# Keys of the JSON schema (``fa4cache stats --json``); documented in the README.
+# Keys of the JSON schema (``fa4cache stats --json``); documented in docs/cli.md.
 SCHEMA_VERSION = 2
 
 
@@ -121,7 +121,7 @@ def stats(cache_dir: Path | str | None = None) -> dict[str, Any]:
 
     In a process that installed fa4cache, its own counters are flushed first, so the
     numbers include this process, and "current" is its toolchain. Keys: ``entries``,
-    ``bytes``, ``hits``, ``misses``, ``compiles``, ``compile_seconds`` and more (README).
+    ``bytes``, ``hits``, ``misses``, ``compiles``, ``compile_seconds`` and more (docs/cli.md).
     """
     store = runtime.installed_store()
     tc = None
