@@ -29,6 +29,8 @@ from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
 
+from .fa4_key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
+
 if TYPE_CHECKING:
     from fa4cache.fingerprint import Toolchain
     from fa4cache.store import Artifact, Store
@@ -90,13 +92,6 @@ def ahead_off() -> Iterator[None]:
 
 def ahead_is_off() -> bool:
     return getattr(_tl, "ahead_off", False)
-
-
-def kind_for(entry_point: str) -> str:
-    """Store kind of an FA4 entry point, derived from its name (``_flash_attn_fwd`` ->
-    ``fwd``, ``_bwd_preprocess`` -> ``bwd_preprocess``): no table to fall behind FA4."""
-    name = entry_point.strip("_").lower()
-    return name.removeprefix("flash_attn_") or name
 
 
 @dataclass
@@ -196,8 +191,6 @@ class StoreCompileCache:
             _notify("loaded", self, key, ref, time.perf_counter() - t0)
             return True
         store.counters.add("misses")
-        from .fa4_key_names import field_names
-
         names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
         why = nearmiss.report(store, ref, encoded, names)  # "shipped but never hit": which fields differ
         try:

@@ -14,9 +14,14 @@ import importlib.util
 import logging
 import os
 
-from .compile_cache import kind_for
-
 log = logging.getLogger(__name__)
+
+
+def kind_for(entry_point: str) -> str:
+    """Store kind of an FA4 entry point, derived from its name (``_flash_attn_fwd`` ->
+    ``fwd``, ``_bwd_preprocess`` -> ``bwd_preprocess``): no table to fall behind FA4."""
+    name = entry_point.strip("_").lower()
+    return name.removeprefix("flash_attn_") or name
 
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
 

@@ -109,6 +109,7 @@ class Installation:
                     compile_seconds=seconds,
                     tvm_ffi=tvm_ffi,
                     spec=runtime.recorded_spec(),
+                    built_with=dict(self.toolchain().runtime),
                 )
                 if published and store.settings.max_size is not None:
                     enforce_cap(store, store.settings.max_size)

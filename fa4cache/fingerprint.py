@@ -1,13 +1,24 @@
-"""Toolchain fingerprint: the namespace that keeps kernels from different toolchains apart.
+"""Toolchain fingerprint: what made a kernel's bytes (the store key), and what loading needs.
 
-A cached ``.o`` is only valid for the exact code generator that produced it. The
-fingerprint covers FA4's version *and* a digest of its ``flash_attn/cute`` sources
-(editable installs and local patches change code without changing the version), the same
-for QuACK (FA4's kernels import its helpers, and QuACK's own kernels go through the store), the
-CUTLASS DSL and its CUDA library variant, tvm-ffi, torch (its local tag carries the
-CUDA build), the Python tag, the target arch, and the environment knobs that change
-code generation. Computed from package metadata and file contents only: no import of
-torch, cutlass or FA4, so the CLI can compute it in milliseconds.
+A cached object is only valid for the code generator that produced it. What changes the
+bytes was measured, not guessed (``benchmarks/results/toolchain_bytes.md``: the same kernel
+set compiled while varying one thing at a time):
+
+* **In the key** (:attr:`Toolchain.id`): FA4's version *and* a digest of its
+  ``flash_attn/cute`` sources (editable installs and local patches change code without
+  changing the version), the same for QuACK, the CUTLASS DSL's version, **the CUDA flavor
+  the DSL compiles with** (``cu12``/``cu13``: its own ptxas, so other device code), the host
+  machine (the object holds host code), the target arch and SM count, the code-generation
+  knobs and patches.
+* **Not in the key**, since the bytes are identical: torch's version and build (``+cpu``
+  and CUDA builds, 2.11 and 2.13), the Python version (3.10-3.12), tvm-ffi 0.1.14 against
+  0.1.15, and which ``nvidia-cutlass-dsl-libs-*`` are installed beyond the one picked.
+* **What loading needs** (:attr:`Toolchain.runtime`, recorded with every entry and checked
+  at load by :func:`load_problem`): the tvm-ffi ABI (its major.minor) whose symbols the
+  object imports. Python and torch are recorded too, as provenance only.
+
+Computed from package metadata and file contents only: no import of torch, cutlass or
+FA4, so the CLI can compute it in milliseconds.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,17 +58,22 @@ _IGNORED_KNOBS = {
     "CUTE_DSL_DISABLE_FILE_CACHING",
 }
 _KNOB_PREFIXES = ("CUTE_DSL_", "FLASH_ATTENTION_", "CUTLASS_")
+# 2: torch, Python and the installed DSL libs left the id; the DSL's CUDA flavor joined it.
+FINGERPRINT_FORMAT = 2
 
-DISTRIBUTIONS = (
+# The distributions whose versions go into the key: they generate the code.
+CODEGEN_DISTRIBUTIONS = (
     "flash-attn-4",
     "nvidia-cutlass-dsl",
     "nvidia-cutlass-dsl-libs-base",
-    "nvidia-cutlass-dsl-libs-cu12",
-    "nvidia-cutlass-dsl-libs-cu13",
-    "apache-tvm-ffi",
+    "nvidia-cutlass-dsl-libs-core",
     "quack-kernels",
-    "torch",
 )
+# Recorded with each entry: what loading needs (tvm-ffi's ABI) and provenance.
+RUNTIME_DISTRIBUTIONS = ("apache-tvm-ffi", "torch")
+DISTRIBUTIONS = CODEGEN_DISTRIBUTIONS + RUNTIME_DISTRIBUTIONS
+_CUTLASS_IR = "cutlass._mlir._mlir_libs._cutlass_ir"
+_FLAVOR = re.compile(r"^_cutlass_ir\.cu(\d+)\..*\.(?:so|pyd)$")
 
 
 @dataclass(frozen=True)
@@ -73,9 +90,15 @@ class Toolchain:
     patches: tuple[tuple[str, str], ...] = ()
     num_sms: int | None = None
     quack_source_digest: str = "absent"
+    # The CUDA flavor the DSL compiles with ("cu13"): its ptxas makes the device code.
+    dsl_cuda: str = "absent"
+    # Not in the id: what loading needs (tvm_ffi_abi) and provenance (python, torch).
+    runtime: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, object]:
         return {
+            "dsl_cuda": self.dsl_cuda,
+            "runtime": dict(self.runtime),
             "id": self.id,
             "versions": dict(self.versions),
             "fa4_source_digest": self.fa4_source_digest,
@@ -173,6 +196,80 @@ def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str
     )
 
 
+def _driver_cuda_major() -> int | None:
+    """The CUDA version the driver supports (major), as the DSL probes it; None without one."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return version.value // 1000
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+@lru_cache(maxsize=4)
+def _dsl_cuda_from_files(libs_dir: str, driver: int | None) -> str:
+    try:
+        names = os.listdir(libs_dir)
+    except OSError:
+        return "absent"
+    flavors = sorted({int(m.group(1)) for n in names if (m := _FLAVOR.match(n))}, reverse=True)
+    usable = [f for f in flavors if driver is None or driver >= f]
+    return f"cu{usable[0]}" if usable else "absent"
+
+
+def dsl_cuda() -> str:
+    """The CUDA flavor the CUTLASS DSL compiles with in this process (``"cu12"``, ``"cu13"``):
+    the one it loaded, else the one it will pick, by its own rule (the newest installed that
+    the driver supports; the newest without a driver). No import of cutlass."""
+    loaded = getattr(sys.modules.get(_CUTLASS_IR), "__file__", None)
+    if loaded and (m := _FLAVOR.match(os.path.basename(loaded))):
+        return f"cu{m.group(1)}"
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("cutlass")
+    except (ImportError, ValueError):
+        return "absent"
+    if spec is None or not spec.submodule_search_locations:
+        return "absent"
+    libs = os.path.join(list(spec.submodule_search_locations)[0], "_mlir", "_mlir_libs")
+    return _dsl_cuda_from_files(libs, _driver_cuda_major())
+
+
+def _abi(version: str | None) -> str:
+    return ".".join((version or "absent").split(".")[:2])
+
+
+def runtime_facts() -> tuple[tuple[str, str], ...]:
+    """What this process would record with an entry it compiles (see the module docstring)."""
+    tvm = _version("apache-tvm-ffi")
+    return (
+        ("python", platform.python_version()),
+        ("torch", _version("torch") or "absent"),
+        ("tvm_ffi", tvm or "absent"),
+        ("tvm_ffi_abi", _abi(tvm)),
+    )
+
+
+def load_problem(recorded: dict[str, object] | None) -> str | None:
+    """Why an entry compiled with ``recorded`` runtime facts cannot load here, naming the field,
+    or None. Entries without a record (older fa4cache) load as before."""
+    if not recorded:
+        return None
+    theirs = recorded.get("tvm_ffi_abi")
+    mine = _abi(_version("apache-tvm-ffi"))
+    if isinstance(theirs, str) and theirs != mine:
+        return (
+            f"tvm-ffi ABI {mine} here, {theirs} in the entry (its object imports tvm-ffi's symbols): "
+            "install the tvm-ffi the producer had, or compile here"
+        )
+    return None
+
+
 def toolchain(
     arch: int | None = None, patches: tuple[tuple[str, str], ...] = (), *, num_sms: int | None = None
 ) -> Toolchain:
@@ -182,7 +279,7 @@ def toolchain(
     persistent schedulers compile into their grid (the device's, or the cross-compile
     target's)."""
     arch = arch if arch is not None else env_arch()
-    versions = tuple((d, v) for d in DISTRIBUTIONS if (v := _version(d)) is not None)
+    versions = tuple((d, v) for d in CODEGEN_DISTRIBUTIONS if (v := _version(d)) is not None)
     src = fa4_source_digest()
     quack_src = quack_source_digest()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -190,17 +287,19 @@ def toolchain(
     machine = platform.machine().lower() or "unknown"
     knobs = codegen_knobs()
     patches = tuple(sorted(patches))
+    cuda = dsl_cuda()
     payload = json.dumps(
         {
+            "format": FINGERPRINT_FORMAT,
             "v": versions,
             "src": src,
-            "py": py,
             "machine": machine,
             "arch": arch,
             "knobs": knobs,
             "patches": patches,
             "num_sms": num_sms,
             "quack_src": quack_src,
+            "dsl_cuda": cuda,
         },
         sort_keys=True,
     ).encode()
@@ -215,4 +314,6 @@ def toolchain(
         patches=patches,
         num_sms=num_sms,
         quack_source_digest=quack_src,
+        dsl_cuda=cuda,
+        runtime=runtime_facts(),
     )

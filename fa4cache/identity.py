@@ -45,6 +45,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from .errors import UnkeyableCode, UnstableKeyError
+from .fingerprint import DISTRIBUTIONS
 from .hashing import encode_key
 
 IDENTITY_FORMAT = "fa4cache-identity-v1"
@@ -61,18 +62,10 @@ _FIX = (
     "whenever what it means does>' (for a mask_mod or score_mod itself: fn.__cute_hash__ = '...')"
 )
 
-# The distributions whose files are library code: what fa4cache.fingerprint versions.
-LIBRARY_DISTRIBUTIONS = (
-    "flash-attn-4",
-    "nvidia-cutlass-dsl",
-    "nvidia-cutlass-dsl-libs-base",
-    "nvidia-cutlass-dsl-libs-core",
-    "nvidia-cutlass-dsl-libs-cu12",
-    "nvidia-cutlass-dsl-libs-cu13",
-    "apache-tvm-ffi",
-    "quack-kernels",
-    "torch",
-)
+# Library code: the files of these distributions. The key versions the code generators
+# (fingerprint.CODEGEN_DISTRIBUTIONS); every library label below also carries its
+# distribution's version, so torch or tvm-ffi code a kernel reaches is versioned too.
+LIBRARY_DISTRIBUTIONS = DISTRIBUTIONS + ("nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13")
 
 
 # --------------------------------------------------------------------------- where code lives
@@ -179,11 +172,19 @@ def _stamp(filename: str) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
+def source_code(fn: types.FunctionType) -> types.CodeType:
+    """The code ``fn`` was compiled to from its source. The CuTe DSL rewrites a ``@cute.jit``
+    function's ``__code__`` when it first traces it (its AST preprocessor) and keeps the
+    original as ``_original_code``: that one is what the source says."""
+    original = getattr(fn, "_original_code", None)
+    return original if isinstance(original, types.CodeType) else fn.__code__
+
+
 def function_source(fn: types.FunctionType) -> str:
     """The source ``fn`` was compiled from, checked against its code object: a file edited
     since its module was imported no longer describes the code that runs, and would key
     the old code's kernel under the new text."""
-    code = fn.__code__
+    code = source_code(fn)
     filename = code.co_filename
     stamp = _stamp(filename)
     if stamp is None:
@@ -323,7 +324,7 @@ def _is_mutable(value: Any) -> bool:
         return True
     if isinstance(value, types.MethodType):
         return _is_mutable(value.__self__)
-    if isinstance(value, type) or isinstance(value, types.ModuleType) or callable(value):
+    if isinstance(value, (type, types.ModuleType)) or callable(value):
         return False
     if is_dataclass(value):
         return not type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -505,8 +506,8 @@ class _Walker:
             raise UnkeyableCode(
                 f"{name} is one of more than {MAX_FUNCTIONS} functions reached", name=name, fix=_FIX
             )
-        code = fn.__code__
-        self.check(_get_attr(fn, "__code__"), code)
+        code = source_code(fn)
+        self.check(lambda: source_code(fn), code)
         self.feed("function", name, function_source(fn))
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)

@@ -41,7 +41,7 @@ def main() -> None:
         sys.path.insert(0, os.path.join(cases_dir, name))
         before = dict(store.counters.values)
         importlib.import_module(f"main_{name}").run()
-        out[name] = {f: store.counters.values[f] - before.get(f, 0) for f in FIELDS}
+        out[name] = {f: store.counters.values.get(f, 0) - before.get(f, 0) for f in FIELDS}
     store.counters.flush()
     print("RESULT " + json.dumps(out), flush=True)
 

@@ -177,7 +177,9 @@ def run():
     c["raw_set_at_run_time"] = {
         f"rt_{tag}_masks.py": (pkg.format(w=64), pkg.format(w=64)),
         "MAIN": (
-            f"from identity_runner import fa4_forward\nimport rt_{tag}_masks as masks\ndef run():\n    masks.WINDOW = 64\n    fa4_forward(masks.mask_mod)\n",
+            # Twice at 64 (one compile, then FA4's memory), then 96: a second compile in the same process.
+            f"from identity_runner import fa4_forward\nimport rt_{tag}_masks as masks\ndef run():\n    masks.WINDOW = 64\n"
+            "    fa4_forward(masks.mask_mod)\n    fa4_forward(masks.mask_mod)\n    masks.WINDOW = 96\n    fa4_forward(masks.mask_mod)\n",
             f"from identity_runner import fa4_forward\nimport rt_{tag}_masks as masks\ndef run():\n    masks.WINDOW = 128\n    fa4_forward(masks.mask_mod)\n",
         ),
     }
@@ -366,6 +368,8 @@ def test_every_change_between_runs_compiles_or_loads_its_own_bytes(tmp_path: Pat
         assert second[name]["compiles"] >= 1, f"{name}: {second[name]}"
     # And what did not change loads: the first variant of the run-time case is in the store.
     assert runs["first"]["jit_changed_after_first_call"]["compiles"] == 2
+    assert runs["first"]["raw_set_at_run_time"]["compiles"] == 2
+    assert runs["first"]["raw_global"]["compiles"] == 1
 
 
 def test_random_variants_never_load_other_code(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import logging
 import subprocess
 import sys
 import textwrap
@@ -19,8 +20,8 @@ from .conftest import ROOT, run_cli
 # (function-level imports included). The package face (fa4cache/__init__) resolves lazily.
 LAYERS = (
     ("fa4cache.errors", "fa4cache.settings", "fa4cache.hashing", "fa4cache.arch", "fa4cache.validate", "fa4cache.version",
-     "fa4cache.fingerprint", "fa4cache.extras"),
-    ("fa4cache.store",),
+     "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity"),
+    ("fa4cache.store", "fa4cache.warmth"),
     ("fa4cache.masks",),
     ("fa4cache.ops", "fa4cache.aot"),
     ("fa4cache.adapters",),
@@ -164,10 +165,16 @@ def test_mask_hash_changes_with_a_global_value_it_reads(tmp_path: Path) -> None:
     assert ha == hc, "the same source and values must give the same hash"
 
 
-def test_a_global_value_without_stable_encoding_is_refused(tmp_path: Path) -> None:
+def test_a_global_value_without_stable_encoding_is_never_keyed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     mod = _template_module(tmp_path / "d", "tmpl_obj", "object()")
+    with caplog.at_level(logging.WARNING, logger="fa4cache"):
+        mask = mod.banded(causal=True)  # type: ignore[attr-defined]
+    assert not hasattr(mask, "__cute_hash__")  # no key for FA4's own cache either
+    assert "in memory only" in caplog.text and "WINDOW" in caplog.text
     with pytest.raises(UnstableKeyError, match="WINDOW"):
-        mod.banded(causal=True)  # type: ignore[attr-defined]
+        mod.banded.hash_for(causal=True)  # type: ignore[attr-defined]
 
 
 def test_prune_stale_judges_by_recorded_use_not_by_this_shells_environment(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ FIELDS = (
     "publish_errors",
     "evictions",
     "load_errors",
+    "load_refused",  # entries of this code generator whose objects need what this host lacks (tvm-ffi ABI)
     # Cluster tier (fa4cache.ray_integration.cluster): kernels fetched from another node,
     # the seconds those fetches took, and kernels this node's server sent to others.
     "remote_hits",

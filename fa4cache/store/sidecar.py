@@ -63,6 +63,9 @@ class Sidecar:
     key: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
+    # What loading needs and provenance (fingerprint.runtime_facts of the producer): checked
+    # at load by fingerprint.load_problem.
+    built_with: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_data(cls, ref: EntryRef, data: bytes, **facts: Any) -> Sidecar:
@@ -91,6 +94,8 @@ class Sidecar:
             and isinstance(obj.get("summary", {}), dict)
             and _plain(obj.get("summary", {}))
             and (obj.get("spec") is None or (isinstance(obj["spec"], dict) and _plain(obj["spec"])))
+            and isinstance(obj.get("built_with", {}), dict)
+            and _plain(obj.get("built_with", {}))
         )
         if not ok:
             return None
@@ -105,6 +110,7 @@ class Sidecar:
             "key": self.key,
             "summary": dict(self.summary),
             "spec": self.spec,
+            "built_with": dict(self.built_with),
         }
 
     def to_bytes(self) -> bytes:

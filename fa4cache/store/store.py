@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import InsecurePath
+from fa4cache.fingerprint import load_problem
 from fa4cache.settings import Settings
 from fa4cache.store.paths import TOOLCHAIN_FILE, EntryRef, Layout
 
@@ -168,6 +169,11 @@ class Store:
                 continue
             art = tier.get(ref)
             if art is None:
+                continue
+            problem = load_problem(art.sidecar.built_with)
+            if problem is not None:
+                # Same code generator, but its object needs what this host lacks: a miss.
+                self._report(f"load:{problem}", "load_refused", f"fa4cache: not loading {ref.kind} entry: {problem}")
                 continue
             if tier is self.remote:
                 self.counters.add("remote_hits")
