@@ -279,7 +279,10 @@ def toolchain(
     persistent schedulers compile into their grid (the device's, or the cross-compile
     target's)."""
     arch = arch if arch is not None else env_arch()
-    versions = tuple((d, v) for d in CODEGEN_DISTRIBUTIONS if (v := _version(d)) is not None)
+    cuda = dsl_cuda()
+    # The picked flavor's own libraries (its ptxas) generate the device code; the others do not.
+    dists = (*CODEGEN_DISTRIBUTIONS, f"nvidia-cutlass-dsl-libs-{cuda}")
+    versions = tuple((d, v) for d in dists if (v := _version(d)) is not None)
     src = fa4_source_digest()
     quack_src = quack_source_digest()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -287,7 +290,6 @@ def toolchain(
     machine = platform.machine().lower() or "unknown"
     knobs = codegen_knobs()
     patches = tuple(sorted(patches))
-    cuda = dsl_cuda()
     payload = json.dumps(
         {
             "format": FINGERPRINT_FORMAT,
