@@ -9,6 +9,7 @@
 #   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
+#   PART=cross   a bundle warmed on the CPU machine served here with 0 compiles (benchmarks/cross_host.py)
 #   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
 #   PART=generation  generate / generate_batch on FA4: tests/test_gpu_generation.py + bench_generation.py
 #                (GENERATION_ARGS: the benchmark's options)
@@ -68,6 +69,12 @@ if has transformers; then
     # shellcheck disable=SC2086
     timeout 560 python3 benchmarks/bench_transformers.py $args 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
   done
+fi
+if has cross; then
+  # A bundle made on the CPU machine with the README's install (benchmarks/cross_host.py's
+  # docstring) serves generate, generate_batch and a training step here with 0 compiles.
+  timeout ${CROSS_TIMEOUT:-300} python3 benchmarks/cross_host.py serve "${CROSS_BUNDLE:-out/cross/cpu.fa4b}" \
+    "${CROSS_CONFIG:-out/cross}" 2>&1 | grep -v Warning | tail -60 | tee -a "$out/run.log"
 fi
 if has cold; then
   timeout ${COLD_TIMEOUT:-420} python3 benchmarks/bench_cold_start.py --gpu ${COLD_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"

@@ -493,11 +493,30 @@ class _Walker:
             wrapped = getattr(fn, "__wrapped__", None)
             if wrapped is not None and wrapped is not fn:  # cute.jit, functools.wraps: what it wraps counts
                 return f"lib:{label}:{name}>{self.value(wrapped, where, 1)}"
-            return f"lib:{label}:{name}"
+            # The fingerprint covers library *code*; what a library closure captured
+            # (FA4's create_softcap_scoremod(softcap)) is a value like any other.
+            state = self.function_state(fn, name)
+            return f"lib:{label}:{name}{state}"
         if id(fn) not in self.seen:
             self.seen[id(fn)] = fn
             self.todo.append((fn, where))
         return f"fn:{name}"
+
+    def function_state(self, fn: types.FunctionType, name: str) -> str:
+        """A library function's captured values: closure cells and defaults, by value."""
+        parts = []
+        for attr in ("__defaults__", "__kwdefaults__"):
+            d = getattr(fn, attr)
+            self.check(_get_attr(fn, attr), d)
+            if d is not None:
+                parts.append(f"{attr}={self.value(d, f'{attr} of {name}', 1)}")
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            get = _get_cell(cell)
+            v = get()
+            self.check(get, v)
+            if v is not _MISSING:
+                parts.append(f"{var}={self.value(v, f'{var} (captured by {name})', 1)}")
+        return f"({';'.join(parts)})" if parts else ""
 
     def function(self, fn: types.FunctionType) -> None:
         self.count += 1

@@ -31,6 +31,19 @@ def fa4_forward(mask_mod: object, head_dim: int = 64) -> None:
         fi._flash_attn_fwd(q, q, q, mask_mod=mask_mod, return_lse=True)
 
 
+def fa4_forward_backward(mask_mod: object, head_dim: int = 64, backward: bool = True) -> None:
+    """A forward (and its backward) with ``mask_mod``, as autograd would call them."""
+    import torch
+    from flash_attn.cute import interface as fi
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+        out, lse, *_ = fi._flash_attn_fwd(q, q, q, mask_mod=mask_mod, return_lse=True)
+        if backward:
+            fi._flash_attn_bwd(q, q, q, out, torch.empty_like(out), lse, mask_mod=mask_mod)
+
+
 def main() -> None:
     cases_dir, names = sys.argv[1], sys.argv[2:]
     import fa4cache

@@ -258,6 +258,17 @@ def test_fa4_hash_is_sound_and_honours_explicit_keys(pkg: Any, caplog: pytest.Lo
     assert caplog.text.count("compiled in memory only") == 1, caplog.text
 
 
+def test_library_closures_are_keyed_by_what_they_captured() -> None:
+    # FA4's softcap score_mod is library code (the fingerprint covers its source), but the
+    # softcap it captured is a value: 30 and 50 are two kernels. (Seen wrong on the H200.)
+    pytest.importorskip("flash_attn.cute")
+    from fa4cache.adapters.fa4_keys import hash_callable
+    from flash_attn.cute.utils import create_softcap_scoremod
+
+    assert hash_callable(create_softcap_scoremod(30.0)) != hash_callable(create_softcap_scoremod(50.0))
+    assert hash_callable(create_softcap_scoremod(30.0)) == hash_callable(create_softcap_scoremod(30.0))
+
+
 def test_memory_only_keys_never_reach_the_store(tmp_path: Path) -> None:
     from fa4cache.adapters.compile_cache import StoreCompileCache
 

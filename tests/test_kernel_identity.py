@@ -313,9 +313,10 @@ def _write(root: Path, cases: dict[str, dict[str, tuple[str, str]]], variant: in
                 f.unlink()
 
 
-def _run(cases_dir: Path, store: Path, names: list[str]) -> dict[str, Any]:
-    env = worker_env(store, FA4CACHE_COMPILE_AHEAD="0", PYTHONDONTWRITEBYTECODE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
+    env = worker_env(store, FA4CACHE_COMPILE_AHEAD="1" if ahead else "0", PYTHONDONTWRITEBYTECODE="1")
+    # The cases' folders too: a compile server started by the process imports them by name.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), *(str(cases_dir / n) for n in names)])
     p = subprocess.run(
         [sys.executable, "-m", "tests.identity_runner", str(cases_dir), *names],
         cwd=ROOT,
@@ -382,3 +383,27 @@ def test_random_variants_never_load_other_code(tmp_path: Path) -> None:
         unchanged = all(a == b for a, b in files.values())
         if unchanged:
             assert runs["second"][name]["compiles"] == 0, f"seed {seed}: {name} recompiled unchanged code"
+
+
+def test_a_constant_set_at_run_time_never_reaches_the_compile_server_as_other_code(tmp_path: Path) -> None:
+    # The process sets masks.WINDOW = 128 at run time (args.window); the file says 64. The
+    # compile server, which imports the module afresh, must not compile the backward from
+    # the file's value under the process's key.
+    pkg = "import cutlass.cute as cute\nWINDOW = {w}\n@cute.jit\ndef mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n    return n_idx <= m_idx + WINDOW\n"
+    main = "from identity_runner import fa4_forward_backward\nimport ah_masks as masks\ndef run():\n    masks.WINDOW = 128\n    fa4_forward_backward(masks.mask_mod, backward={bwd})\n"
+    forward_only = {"ahead": {"ah_masks.py": (pkg.format(w=64),) * 2, "MAIN": (main.format(bwd=False),) * 2}}
+    src, shared, clean = tmp_path / "cases", tmp_path / "shared", tmp_path / "clean"
+    _write(src, forward_only, 0)
+    first = _run(src, shared, ["ahead"], ahead=True)
+    assert first["ahead"]["compiles"] == 1, first  # the forward, here
+    kinds = {k for k, _ in _entries(shared)}
+    assert kinds == {"fwd"}, f"the compile server published {kinds - {'fwd'}} for other code"
+    # The process's own backward, then a clean run of the file saying 128: the same bytes.
+    both = {"ahead": {"ah_masks.py": (pkg.format(w=64),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
+    _write(src, both, 0)
+    _run(src, shared, ["ahead"])
+    clean_case = {"ahead": {"ah_masks.py": (pkg.format(w=128),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
+    _write(src, clean_case, 0)
+    _run(src, clean, ["ahead"])
+    have, want = _entries(shared), _entries(clean)
+    assert set(want) <= set(have) and all(have[k] == v for k, v in want.items())
