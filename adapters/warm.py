@@ -19,6 +19,7 @@ from typing import Any
 
 from fa4cache.aot.spec import KernelSpec
 from fa4cache.arch import cross_compile_env
+from fa4cache.quiet import quiet_library_warnings
 from fa4cache.store.installed import record_spec
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ def compile_spec(spec: KernelSpec) -> None:
     softcap = spec.softcap or 0.0  # FA4's convention: 0 for none
     if mask is not None:
         mask = mask.for_head_dim(spec.head_dim)
-    with record_spec(spec.to_dict()), FakeTensorMode():
+    # quiet: CUTLASS notes FA4's aux tensors on every compile, torch the fake data pointers.
+    with record_spec(spec.to_dict()), FakeTensorMode(), quiet_library_warnings():
         _absorb_fake_data_ptr_warning()
         B, T = spec.batch, spec.seqlen if mask is None else mask.seqlen
         q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fa4cache.quiet import quiet_library_warnings
+
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256
 
@@ -49,6 +51,8 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
 
     from fa4cache.ops import kv_cache
 
+    from .warm import _absorb_fake_data_ptr_warning
+
     B, T = 2, 300
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, :5] = False
@@ -57,6 +61,10 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
         for Tq in (1, _PREFILL_QUERIES):
             lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
             with FakeTensorMode(), torch.no_grad():
+                # torch warns once per process when the DSL reads a fake tensor's data pointer,
+                # from C++ where no filter applies: take that warning here, filtered (-j warm
+                # workers took theirs in their own processes, not in this one).
+                _absorb_fake_data_ptr_warning()
                 fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
                 kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
                 q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
@@ -95,7 +103,8 @@ def warm_generation(
         for window in windows:
             kinds += 4
             try:
-                _calls(heads, heads_kv, head_dim, window, softcap, dtype)
+                with quiet_library_warnings():  # fake tensors: torch's data-pointer warning is noise here
+                    _calls(heads, heads_kv, head_dim, window, softcap, dtype)
             except Exception as e:  # reported by the CLI; the other kinds still compile
                 errors.append(f"{d} window={window}: {type(e).__name__}: {e}")
     fold_all_hits()

@@ -129,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--arch",
-        default="sm_90",
         choices=ARCHS,
-        help="target GPU arch to cross-compile for (default sm_90: H100/H200)",
+        help="target GPU arch to cross-compile for (default sm_90: H100/H200; with --replay: "
+        "the arch of the recorded specs, which must then be one)",
     )
     s.add_argument("--manifest", help="a JSON list of kernel specs (fields as in KernelSpec)")
     s.add_argument(

@@ -46,7 +46,7 @@ def calls_from_args(args: argparse.Namespace) -> list[JitCall]:
     tokens = args.tokens or [args.seqlen]
     if any(t <= 0 for t in tokens):
         raise ConfigError(f"--tokens: expected positive ints, got {tokens}")
-    return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch)
+    return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch or "sm_90")
 
 
 def run(calls: list[JitCall], cache_dir: str) -> int:
