@@ -202,8 +202,9 @@ def _replay_notes(rep: Replay | None) -> list[str]:
     ]
     if rep.unreplayable:
         notes.append(
-            f"{plural(rep.unreplayable, 'entry', 'entries')} carry no replayable spec (compiled by training "
-            "calls, or by an older fa4cache): run those jobs, or the warm that made them, again"
+            f"{rep.unreplayable} {'entry carries' if rep.unreplayable == 1 else 'entries carry'} no "
+            "replayable spec (compiled by training calls or by `warm --generation`, or by an older "
+            "fa4cache): run the jobs or the warm that made them again"
         )
     return notes
 
