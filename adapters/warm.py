@@ -184,6 +184,10 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
         log.warning("fa4cache warm: %s failed: %s", label, err)
     fold()
     c = store.counters.values
+    unsaved = int(c.get("publish_errors", 0) - before.get("publish_errors", 0))
+    if unsaved and err is None:
+        # Compiled but not stored (a full disk, say): the item did not do its job.
+        err = f"{unsaved} kernel(s) compiled but not saved to the store (the warning above says why)"
     return {
         "compiles": int(c["compiles"] - before["compiles"]),
         "present": int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),

@@ -430,3 +430,20 @@ def test_install_script_says_what_it_is_doing(tmp_path: Path) -> None:
     )
     assert p.returncode == 1 and "[3/5] installing torch" in p.stdout and p.stdout.rstrip().endswith("failed")
     assert "pip: no luck" in p.stderr and "install step failed" in p.stderr
+
+
+def test_a_kernel_compiled_but_not_saved_is_a_failed_item() -> None:
+    """warm -j 1 counts what the store did: a publish error (a full disk) fails the spec."""
+    from types import SimpleNamespace
+
+    from fa4cache.adapters.warm import counted
+
+    values = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "compile_seconds": 0.0, "publish_errors": 0}
+    store = SimpleNamespace(counters=SimpleNamespace(values=values))
+
+    def run() -> None:
+        values["compiles"] += 1
+        values["publish_errors"] += 1
+
+    r = counted(store, lambda: None, "spec", run)
+    assert r["compiles"] == 1 and r["error"] is not None and "not saved" in r["error"]
