@@ -57,7 +57,7 @@ def warm_parallel(
         bad = confirm_present(cache_dir, results)
         if bad:  # quarantined: compile those again, in the same workers' way
             results += _fork_run({**task, "targets": sorted(bad)}, min(jobs, len(bad)), lambda: None)
-        return merge(specs, results, time.perf_counter() - t0)
+        return merge(specs, results, time.perf_counter() - t0, stored=_stored(cache_dir))
     env = compile_pool.target_env()
     if env is None:
         raise RuntimeError("warm: no target arch (set_cross_compile_env first)")
@@ -75,7 +75,7 @@ def warm_parallel(
             results += [server.result() for _ in range(n)]
     finally:
         server.close()
-    return merge(specs, results, time.perf_counter() - t0)
+    return merge(specs, results, time.perf_counter() - t0, stored=_stored(cache_dir))
 
 
 def _fork_run(task: dict[str, Any], jobs: int, on_fork: Callable[[], None]) -> list[dict[str, Any]]:
@@ -84,6 +84,13 @@ def _fork_run(task: dict[str, Any], jobs: int, on_fork: Callable[[], None]) -> l
     children = [compile_worker.fork_child(task, progress=False) for _ in range(jobs)]
     on_fork()
     return [compile_worker.collect(pid, r) for pid, r in children]
+
+
+def _unsaved(compiled: list[str], stored: set[str] | None) -> str | None:
+    lost = [d for d in compiled if stored is not None and d not in stored]
+    if not lost:
+        return None
+    return f"{len(lost)} kernel(s) compiled but not saved to the store (the workers' warnings say why)"
 
 
 def confirm_present(cache_dir: str, results: list[dict[str, Any]]) -> set[str]:
@@ -118,7 +125,20 @@ def confirm_present(cache_dir: str, results: list[dict[str, Any]]) -> set[str]:
     return bad
 
 
-def merge(specs: list[KernelSpec], results: list[dict[str, Any]], wall: float) -> list[dict[str, Any]]:
+def _stored(cache_dir: str) -> set[str]:
+    from pathlib import Path
+
+    from fa4cache.store.paths import Layout
+
+    return {e.ref.digest for e in Layout(Path(cache_dir)).iter_entries()}
+
+
+def merge(
+    specs: list[KernelSpec], results: list[dict[str, Any]], wall: float, stored: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """One result per spec. ``stored``: the digests in the store after the run; a kernel a
+    worker compiled that is not among them was not saved (a publish error), and its spec
+    is reported failed, not ok."""
     planned: list[list[str]] | None = next((r["jobs"] for r in results if r.get("jobs")), None)
     compiled: dict[str, float] = {}
     for r in results:
@@ -142,7 +162,9 @@ def merge(specs: list[KernelSpec], results: list[dict[str, Any]], wall: float) -
                 # The kernels of every spec ran side by side: the wall is the whole run's.
                 "seconds": wall,
                 "compile_seconds": sum(compiled[d] for d in mine),
-                "error": errors.get(i) or (worker_error if planned is None else None),
+                "error": errors.get(i)
+                or (worker_error if planned is None else None)
+                or _unsaved([d for d in digests if d in compiled], stored),
             }
         )
     return out

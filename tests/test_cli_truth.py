@@ -447,3 +447,15 @@ def test_a_kernel_compiled_but_not_saved_is_a_failed_item() -> None:
 
     r = counted(store, lambda: None, "spec", run)
     assert r["compiles"] == 1 and r["error"] is not None and "not saved" in r["error"]
+
+
+def test_parallel_warm_reports_a_kernel_compiled_but_not_stored_as_failed() -> None:
+    from fa4cache.adapters.warm_parallel import merge
+
+    from fa4cache.aot.spec import KernelSpec
+
+    specs = [KernelSpec(mask="document"), KernelSpec(mask="causal")]
+    results = [{"jobs": [["a", "b"], ["c"]], "compiled": {"a": 1.0, "c": 2.0}, "errors": {}}]
+    ok, lost = merge(specs, results, 3.0, stored={"a", "b"})
+    assert ok["error"] is None and ok["compiles"] == 1 and ok["present"] == 1
+    assert lost["compiles"] == 1 and "not saved" in lost["error"]
