@@ -50,9 +50,9 @@ import logging
 from typing import Any
 
 import fa4cache
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.ops import kv_cache, packed_attention, step_mask
 from fa4cache.ops.step_mask import set_max_documents
-from fa4cache.quiet import quiet_library_warnings
 
 from . import compile_ahead
 

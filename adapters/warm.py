@@ -19,7 +19,7 @@ from typing import Any
 
 from fa4cache.aot.spec import KernelSpec
 from fa4cache.arch import cross_compile_env
-from fa4cache.quiet import quiet_library_warnings
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.store.installed import record_spec
 
 log = logging.getLogger(__name__)

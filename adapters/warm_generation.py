@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fa4cache.quiet import quiet_library_warnings
+from fa4cache.errors import quiet_library_warnings
 
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256

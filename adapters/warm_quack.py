@@ -20,8 +20,7 @@ from typing import Any
 
 from fa4cache.aot.jit_spec import JitCall
 from fa4cache.arch import ARCH_ENV
-from fa4cache.errors import ConfigError
-from fa4cache.quiet import quiet_library_warnings
+from fa4cache.errors import ConfigError, quiet_library_warnings
 from fa4cache.store.installed import record_spec
 
 from . import cross_compile

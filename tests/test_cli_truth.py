@@ -236,7 +236,7 @@ def test_warm_prints_no_warnings_the_user_cannot_act_on_and_shows_progress(warme
 def test_the_library_warnings_are_silenced_inside_fa4cache_only() -> None:
     import warnings
 
-    from fa4cache.quiet import quiet_library_warnings
+    from fa4cache.errors import quiet_library_warnings
 
     msg = "Argument aux_data (position 21) cannot be converted to a JitArgument for function 'f'."
     with warnings.catch_warnings(record=True) as seen:

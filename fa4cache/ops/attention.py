@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.masks.mask import AttentionMask
-from fa4cache.quiet import quiet_library_warnings
 from fa4cache.validate import positive_number
 
 
