@@ -207,6 +207,8 @@ def test_replay_honours_arch_and_names_what_it_left_out(warmed: dict[str, Any], 
     assert p.returncode == 0, p.stderr
     assert "0 kernels compiled" in p.stdout and "0 failed" in p.stdout, p.stdout
     assert "left out 1 spec for sm_100: run `fa4cache warm --replay --arch sm_100`" in p.stdout
+    # warm --generation's calls recorded their spec too: replayed, none left without one.
+    assert "generation: 4 kernel kinds, 0 compiled" in p.stdout and "no replayable spec" not in p.stdout
 
 
 def test_replay_reads_jit_specs(tmp_path: Path) -> None:

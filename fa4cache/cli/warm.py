@@ -62,6 +62,7 @@ class Replay:
 
     specs: list[Any] = field(default_factory=list)  # FA4 kernel specs for the arch asked for
     jit_calls: list[Any] = field(default_factory=list)  # QuACK / jit_cache calls, same arch
+    generation: list[dict[str, Any]] = field(default_factory=list)  # warm --generation's calls
     other_archs: dict[str, int] = field(default_factory=dict)  # specs left out, by arch
     unreplayable: int = 0  # entries without a recorded spec (training calls, older warms)
 
@@ -71,8 +72,7 @@ def _norm_arch(arch: str) -> str:
 
 
 def _replay_specs(args: argparse.Namespace) -> Replay:
-    from fa4cache.aot.jit_spec import JIT_KEY, JitCall
-    from fa4cache.aot.spec import KernelSpec
+    from fa4cache.aot.jit_spec import JitCall
 
     # Every recorded spec, whatever its toolchain: what is already compiled for the
     # toolchain doing the warming shows as "present".
@@ -86,16 +86,13 @@ def _replay_specs(args: argparse.Namespace) -> Replay:
         side = store.read_sidecar(e.ref)
         spec = side.spec if side else None
         try:
-            item: Any = (
-                JitCall.from_dict(spec)
-                if isinstance(spec, dict) and JIT_KEY in spec
-                else KernelSpec.from_dict(spec)
-            )
-        except ConfigError:  # no spec (None), or one this version cannot read
+            item = _replayable(spec)
+        except (ConfigError, ValueError):  # no spec (None), or one this version cannot read
             rep.unreplayable += 1
             continue
-        seen[json.dumps([type(item).__name__, item.to_dict()], sort_keys=True)] = item
-    archs = sorted({_norm_arch(i.arch) for i in seen.values()})
+        as_dict = item if isinstance(item, dict) else item.to_dict()
+        seen[json.dumps([type(item).__name__, as_dict], sort_keys=True)] = item
+    archs = sorted({_norm_arch(_arch_of(i)) for i in seen.values()})
     want = _norm_arch(args.arch) if args.arch else None
     if want is None and len(archs) > 1:
         raise ConfigError(
@@ -103,14 +100,35 @@ def _replay_specs(args: argparse.Namespace) -> Replay:
             f"import); run {' then '.join(f'`fa4cache warm --replay --arch {a}`' for a in archs)}"
         )
     for item in seen.values():
-        arch = _norm_arch(item.arch)
+        arch = _norm_arch(_arch_of(item))
         if want is not None and arch != want:
             rep.other_archs[arch] = rep.other_archs.get(arch, 0) + 1
+        elif isinstance(item, dict):
+            rep.generation.append(item)
         elif isinstance(item, JitCall):
             rep.jit_calls.append(item)
         else:
             rep.specs.append(item)
     return rep
+
+
+def _replayable(spec: Any) -> Any:
+    """What a sidecar's spec replays as: a KernelSpec, a JitCall (QuACK, jit_cache) or a
+    generation call (a dict). Raises ConfigError or ValueError for none of these."""
+    from fa4cache.aot.jit_spec import JIT_KEY, JitCall
+    from fa4cache.aot.spec import KernelSpec
+
+    from ..adapters.warm_generation import GENERATION_KEY, check_item
+
+    if isinstance(spec, dict) and JIT_KEY in spec:
+        return JitCall.from_dict(spec)
+    if isinstance(spec, dict) and GENERATION_KEY in spec:
+        return check_item(spec)
+    return KernelSpec.from_dict(spec)
+
+
+def _arch_of(item: Any) -> str:
+    return str(item["arch"]) if isinstance(item, dict) else str(item.arch)
 
 
 def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
@@ -224,12 +242,25 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from .warm_jit import run
 
     jit_failed = run(jit_calls, cache_dir) if jit_calls else 0
-    if not specs:
-        if not jit_calls:
-            print("nothing to warm")
-        for note in _replay_notes(rep):
-            print(note)
-        return 1 if jit_failed else 0
+    generation = rep.generation if rep is not None else []
+    if not (specs or jit_calls or generation):
+        print("nothing to warm")
+    failed = _warm_specs(args, specs, cache_dir) if specs else 0
+    if generation:  # --replay of warm --generation's calls
+        if not specs:
+            from ..adapters.warm import set_cross_compile_env
+
+            set_cross_compile_env(generation[0]["arch"])
+        failed += _report_generation(generation, cache_dir)
+    elif getattr(args, "generation", False) and args.hf_config and specs:
+        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
+    for note in _replay_notes(rep):
+        print(note)
+    return 1 if failed or jit_failed else 0
+
+
+def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> int:
+    """Compile the FA4 ``specs`` (one target arch), print the table; how many failed."""
     archs = sorted({_norm_arch(s.arch) for s in specs})
     if len(archs) > 1:
         # FA4 reads its target arch once, at import: one process compiles for one arch.
@@ -252,11 +283,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         f"{plural(len(results), 'spec')}, {plural(total, 'kernel')} compiled ({compile_s:.1f} s compiling), "
         f"{failed} failed, {time.perf_counter() - t0:.1f} s in all"
     )
-    for note in _replay_notes(rep):
-        print(note)
-    if getattr(args, "generation", False) and args.hf_config:
-        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
-    return 1 if failed or jit_failed else 0
+    return failed
 
 
 def _run_specs(
@@ -372,9 +399,17 @@ class Progress:
 def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str) -> int:
     from fa4cache.aot.model_config import load_config
 
-    from ..adapters.warm_generation import warm_generation
+    from ..adapters.warm_generation import generation_items
 
-    g = warm_generation(load_config(args.hf_config), dtypes=dtypes, cache_dir=cache_dir)
+    return _report_generation(
+        generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH), cache_dir
+    )
+
+
+def _report_generation(items: list[dict[str, Any]], cache_dir: str) -> int:
+    from ..adapters.warm_generation import warm_generation_items
+
+    g = warm_generation_items(items, cache_dir=cache_dir)
     for e in g.errors:
         print(f"generation FAILED: {e[:160]}")
     print(
