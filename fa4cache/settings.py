@@ -417,13 +417,17 @@ def cache_dir_problem(path: Path, *, write: bool = True) -> str | None:
         return (
             f"is a symlink to {real}, and a symlink can be redirected by whoever owns it: name {real} itself"
         )
-    if not stat.S_ISDIR(os.stat(probe).st_mode):
+    try:
+        is_dir = stat.S_ISDIR(os.stat(probe).st_mode)
+    except OSError as e:  # a dangling link on the way
+        return f"cannot be reached ({probe}: {e.strerror})"
+    if not is_dir:
         return "is a file, not a directory" if probe == path else f"is under {probe}, which is a file"
     if not write:  # looking only: another owner's (trusted) store can be read
         return None
     if probe == path and hasattr(os, "getuid") and st.st_uid != os.getuid():
         return f"is owned by uid {st.st_uid}, not by you"
-    if probe == path and st.st_mode & 0o022:
+    if probe == path and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it"
     if not os.access(probe, os.W_OK | os.X_OK):
         return (

@@ -81,9 +81,7 @@ def writable_store_settings(args: argparse.Namespace) -> Settings:
         s = store_settings(args)
     except NoStoreYet as e:
         s = e.settings
-    problem = cache_dir_problem(s.cache_dir)
-    if problem is None and s.cache_dir.exists() and not os.access(s.cache_dir, os.W_OK | os.X_OK):
-        problem = "is not writable by you"
+    problem = cache_dir_problem(s.cache_dir)  # writability included
     if problem is not None:
         raise cache_dir_error(s, problem)
     return s
