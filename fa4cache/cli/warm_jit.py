@@ -53,10 +53,11 @@ def run(calls: list[JitCall], cache_dir: str) -> int:
     """Warm ``calls`` in this process, print their table; returns how many failed."""
     import warnings
 
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
     from ..adapters.warm_quack import warm_jit
 
-    results: list[Any] = warm_jit(calls, cache_dir)
+    with warnings.catch_warnings():  # the libraries' own deprecations, for this call only
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        results: list[Any] = warm_jit(calls, cache_dir)
     print(f"{'jit kernel':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
     failed = 0
     for r in results:
