@@ -3,8 +3,8 @@ errors about the store directory name the setting and the fix; the first hour ha
 alarms (warnings the user cannot act on).
 
 The CLI runs in subprocesses. One real warm (a transformers config's kernels, with
-generation's) fills a store that the other tests copy; the rest write their stores through
-the Store API (no compile) or stop before compiling.
+generation's) fills a store that the warm tests copy (marked ``compile``, as is every test
+that compiles); the rest write their stores through the Store API or stop before compiling.
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ def test_bundle_export_takes_every_toolchain_or_counts_what_it_left_out(tmp_path
 # ------------------------------------------------------------------ 3, 5: warm's presence check
 
 
+@pytest.mark.compile
 def test_default_parallel_warm_quarantines_and_recompiles_a_corrupt_entry(
     warmed: dict[str, Any], warmed_copy: Path
 ) -> None:
@@ -180,6 +181,7 @@ def test_default_parallel_warm_quarantines_and_recompiles_a_corrupt_entry(
     assert list((warmed_copy / "quarantine").glob("*.o"))
 
 
+@pytest.mark.compile
 def test_a_presence_check_by_warm_counts_as_last_used(warmed: dict[str, Any], warmed_copy: Path) -> None:
     old = time.time() - 3 * 86400
     for p in (warmed_copy / LAYOUT).glob("*/*/*"):
@@ -197,6 +199,7 @@ def test_a_presence_check_by_warm_counts_as_last_used(warmed: dict[str, Any], wa
 # ------------------------------------------------------------------ 4: warm --replay
 
 
+@pytest.mark.compile
 def test_replay_honours_arch_and_names_what_it_left_out(warmed: dict[str, Any], warmed_copy: Path) -> None:
     spec = {"mask": "document", "backward": False, "seqlen": 512, "heads": 4, "arch": "sm_100"}
     _publish(warmed_copy, OLD, "fwd", 1, spec=spec)
@@ -228,6 +231,7 @@ def test_replay_reads_jit_specs(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ 7, 8, 14: what warm prints
 
 
+@pytest.mark.compile
 def test_warm_prints_no_warnings_the_user_cannot_act_on_and_shows_progress(warmed: dict[str, Any]) -> None:
     err = warmed["proc"].stderr
     assert "JitArgument" not in err and "FakeTensor" not in err, err
@@ -361,6 +365,7 @@ def test_transformers_adapter_on_cpu_tensors_says_what_to_do(tmp_path: Path) -> 
     assert "model.to('cuda')" in line
 
 
+@pytest.mark.compile
 def test_the_kernel_set_compiled_at_model_build_does_not_delay_exit(tmp_path: Path) -> None:
     """Building a model starts its kernel set compiling in the background; a process that
     then ends does not wait for it (it waited ~10 s, a compile, before)."""
@@ -461,3 +466,22 @@ def test_parallel_warm_reports_a_kernel_compiled_but_not_stored_as_failed() -> N
     ok, lost = merge(specs, results, 3.0, stored={"a", "b"})
     assert ok["error"] is None and ok["compiles"] == 1 and ok["present"] == 1
     assert lost["compiles"] == 1 and "not saved" in lost["error"]
+
+
+@pytest.mark.compile
+def test_quack_kernels_are_replayed_and_exported(tmp_path: Path) -> None:
+    """QuACK's kernels live under a toolchain of their own: warm records their calls, so
+    --replay compiles them again, and bundle export takes them by default."""
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    d = tmp_path / "cache"
+    w = run_cli(
+        d, "warm", "--hf-config", str(tmp_path / "config.json"), "--with-quack", "--no-backward", "-q"
+    )
+    assert w.returncode == 0 and "2 jit kernels, 2 compiled" in w.stdout, w.stdout + w.stderr
+    r = run_cli(d, "warm", "--replay", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "2 jit kernels, 0 compiled" in r.stdout and "1 spec, 0 kernels compiled" in r.stdout, r.stdout
+    assert "no replayable spec" not in r.stdout
+    e = run_cli(d, "bundle", "export", str(tmp_path / "k.fa4b"))
+    assert e.returncode == 0 and "exported 3 entries of 2 toolchain(s)" in e.stdout, e.stdout
+    assert "quack.rmsnorm_fwd 1" in e.stdout and "left out" not in e.stdout
