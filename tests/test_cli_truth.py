@@ -485,3 +485,34 @@ def test_quack_kernels_are_replayed_and_exported(tmp_path: Path) -> None:
     e = run_cli(d, "bundle", "export", str(tmp_path / "k.fa4b"))
     assert e.returncode == 0 and "exported 3 entries of 2 toolchain(s)" in e.stdout, e.stdout
     assert "quack.rmsnorm_fwd 1" in e.stdout and "left out" not in e.stdout
+
+
+@pytest.mark.compile
+def test_warm_on_a_terminal_draws_a_progress_bar(warmed: dict[str, Any], warmed_copy: Path) -> None:
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "fa4cache", "--cache-dir", str(warmed_copy), "warm"]
+            + ["--hf-config", str(warmed["config"])],
+            cwd=ROOT, env=worker_env(warmed_copy), stdout=subprocess.PIPE, stderr=slave, text=True, timeout=600,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # the pty's other end is closed: all read
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0, err
+    text = err.decode(errors="replace")
+    assert "\r[" in text and "1/1 specs" in text and "one line per kernel" not in text, text
