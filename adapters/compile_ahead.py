@@ -371,6 +371,8 @@ def start_model_set(specs: list[Any]) -> list[compile_pool.Worker]:
         "fork": n,
     }
     server.submit(task)
+    # Ahead of any need: an exit does not wait for it (what was stored by then is kept).
+    server.finish_at_exit = False
     log.info(
         "fa4cache: compiling the kernel set of %s in %d background worker(s)",
         "; ".join(s.label() for s in specs),

@@ -6,7 +6,9 @@ runs, so it never holds a GPU and its kernels carry the parent's toolchain. It i
 FA4 once and forks a child per unit of work, so N kernels in flight cost one import, not
 N. It dies with the parent (``PR_SET_PDEATHSIG`` plus a parent-pid check in the server),
 its children with it; on a normal exit the parent ends idle servers and lets busy ones
-finish their kernels (a kernel half-compiled is a kernel lost). ``PR_SET_PDEATHSIG`` fires
+finish their kernels (a kernel half-compiled is a kernel lost), except a server doing
+speculative work (a model's kernel set, started at model build: ``finish_at_exit``), which
+is killed, so that an exit never waits on compiles nobody asked for. ``PR_SET_PDEATHSIG`` fires
 when the *thread* that started the server ends, so servers are started from the thread
 calling FA4 (the parent-pid check covers the rest).
 """
@@ -97,6 +99,10 @@ class Worker:
         self.started_at = time.perf_counter()
         self._send_lock = threading.Lock()
         self.busy = 0
+        # False: speculative work nobody in this process waits for (a model's kernel set,
+        # started at model build): killed at exit instead of finished, so that a script
+        # that builds a model and ends does not wait on compiles it never asked for.
+        self.finish_at_exit = True
         self.results: collections.deque[dict[str, Any]] = collections.deque()
         self._result = threading.Condition()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -213,7 +219,7 @@ def _reap() -> None:
     # ones (a server still importing FA4, say) end at once: an exit never waits on them.
     with _live_lock:
         workers = list(_live)
-    busy = [w for w in workers if w.busy > 0]
+    busy = [w for w in workers if w.busy > 0 and w.finish_at_exit]
     for w in workers:
         if w in busy:
             w.close(wait=False)

@@ -18,6 +18,7 @@ __all__ = ["install", "uninstall"]
 
 
 def install(cache_dir: Any = None, *, compile_server: bool = True, **options: Any) -> Any:
+    _check_cache_dir(cache_dir, options)
     store = _install_store(cache_dir, **options)
     if compile_server:  # False: a process that may never compile starts the server at a miss
         compile_ahead.start_server_at_install()
@@ -25,3 +26,18 @@ def install(cache_dir: Any = None, *, compile_server: bool = True, **options: An
 
 
 install.__doc__ = _install_store.__doc__
+
+
+def _check_cache_dir(cache_dir: Any, options: dict[str, Any]) -> None:
+    """A store path that can never be a directory (a file in the way) is a mistake in the
+    job's settings: raise :class:`~fa4cache.errors.ConfigError` naming the setting and the
+    fix, at start-up, rather than run a whole job without persisting (one warning). Trouble
+    that may pass (a read-only or full disk) still only warns: kernels work, in memory."""
+    from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
+
+    settings = Settings.from_env(cache_dir, **options)
+    if settings.disabled:
+        return
+    problem = cache_dir_problem(settings.cache_dir, write=False)
+    if problem is not None and "symlink" not in problem:  # the store's own policy decides on links
+        raise cache_dir_error(settings, problem)

@@ -50,6 +50,7 @@ import logging
 from typing import Any
 
 import fa4cache
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.ops import kv_cache, packed_attention, step_mask
 from fa4cache.ops.step_mask import set_max_documents
 
@@ -147,6 +148,38 @@ def attention_forward(
 ) -> tuple[Any, None]:
     """transformers' attention signature: ``query`` ``[B, Hq, Tq, D]``, ``key``/``value``
     ``[B, Hkv, Tk, D]``; returns ``([B, Tq, Hq, D], None)``."""
+    args = (module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal)
+    try:
+        if _compiling():  # traced: no context manager around the op (it would break the graph)
+            return _attention_forward(*args, **kwargs)
+        with quiet_library_warnings():  # CUTLASS's aux_data note on a compile: not the user's
+            return _attention_forward(*args, **kwargs)
+    except AssertionError as e:
+        # FA4 asserts its inputs are CUDA tensors; the bare assertion names neither the
+        # tensors nor the fix. (Checked after the fact, as fa4cache.attention does: tests run
+        # a CPU model of FA4.)
+        if query.device.type != "cuda":
+            raise ValueError(
+                f"fa4cache attention: FA4's kernels need CUDA tensors; the model's query, key and value "
+                f"are on {query.device} (move the model to a GPU: model.to('cuda'), or load it with "
+                "device_map='cuda')"
+            ) from e
+        raise
+
+
+def _attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    is_causal: bool | None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     user_mask = kwargs.get("fa4cache_mask")

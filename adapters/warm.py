@@ -19,6 +19,7 @@ from typing import Any
 
 from fa4cache.aot.spec import KernelSpec
 from fa4cache.arch import cross_compile_env
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.store.installed import record_spec
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ def compile_spec(spec: KernelSpec) -> None:
     softcap = spec.softcap or 0.0  # FA4's convention: 0 for none
     if mask is not None:
         mask = mask.for_head_dim(spec.head_dim)
-    with record_spec(spec.to_dict()), FakeTensorMode():
+    # quiet: CUTLASS notes FA4's aux tensors on every compile, torch the fake data pointers.
+    with record_spec(spec.to_dict()), FakeTensorMode(), quiet_library_warnings():
         _absorb_fake_data_ptr_warning()
         B, T = spec.batch, spec.seqlen if mask is None else mask.seqlen
         q = torch.empty(B, T, spec.heads, spec.head_dim, dtype=dtype, device="cuda")
@@ -182,6 +184,10 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
         log.warning("fa4cache warm: %s failed: %s", label, err)
     fold()
     c = store.counters.values
+    unsaved = int(c.get("publish_errors", 0) - before.get("publish_errors", 0))
+    if unsaved and err is None:
+        # Compiled but not stored (a full disk, say): the item did not do its job.
+        err = f"{unsaved} kernel(s) compiled but not saved to the store (the warning above says why)"
     return {
         "compiles": int(c["compiles"] - before["compiles"]),
         "present": int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fa4cache.errors import quiet_library_warnings
+
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256
 
@@ -49,6 +51,8 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
 
     from fa4cache.ops import kv_cache
 
+    from .warm import _absorb_fake_data_ptr_warning
+
     B, T = 2, 300
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, :5] = False
@@ -57,6 +61,10 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
         for Tq in (1, _PREFILL_QUERIES):
             lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
             with FakeTensorMode(), torch.no_grad():
+                # torch warns once per process when the DSL reads a fake tensor's data pointer,
+                # from C++ where no filter applies: take that warning here, filtered (-j warm
+                # workers took theirs in their own processes, not in this one).
+                _absorb_fake_data_ptr_warning()
                 fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
                 kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
                 q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
@@ -74,35 +82,76 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
         kv_cache.sequences = real_sequences  # type: ignore[assignment]
 
 
+GENERATION_KEY = "generation"  # a sidecar spec {"generation": {...}, "arch": ...}: warm --replay
+
+
+def generation_items(cfg: dict[str, Any], dtypes: list[str], arch: str) -> list[dict[str, Any]]:
+    """The generation calls of the model ``cfg``, one per dtype and window, as the specs their
+    entries record (``warm --replay`` compiles them again from these)."""
+    heads, heads_kv, head_dim, windows, softcap = _shapes(cfg)
+    shape = {"heads": heads, "heads_kv": heads_kv, "head_dim": head_dim, "softcap": softcap}
+    return [
+        {GENERATION_KEY: {**shape, "dtype": d, "window": window}, "arch": arch}
+        for d in dtypes
+        for window in windows
+    ]
+
+
+def check_item(item: Any) -> dict[str, Any]:
+    """A recorded generation spec, checked (``ValueError`` for one this version cannot run)."""
+    g = item.get(GENERATION_KEY) if isinstance(item, dict) else None
+    ok = (
+        isinstance(g, dict)
+        and all(
+            isinstance(g.get(k), int) and not isinstance(g.get(k), bool)
+            for k in ("heads", "heads_kv", "head_dim")
+        )
+        and g.get("dtype") in ("bf16", "fp16")
+        and (g.get("window") is None or isinstance(g.get("window"), int))
+        and isinstance(g.get("softcap"), (int, float))
+        and isinstance(item.get("arch"), str)
+    )
+    if not ok:
+        raise ValueError(f"not a generation spec: {item!r:.120}")
+    return item
+
+
 def warm_generation(
-    cfg: dict[str, Any], *, dtypes: list[str], cache_dir: str | None = None
+    cfg: dict[str, Any], *, dtypes: list[str], cache_dir: str | None = None, arch: str = "sm_90"
 ) -> GenerationWarm:
     """Compile the generation kernels of the model ``cfg`` (its config.json as a dict) into
     the store (the cross-compile environment must already be set for the target arch)."""
+    return warm_generation_items(generation_items(cfg, dtypes, arch), cache_dir=cache_dir)
+
+
+def warm_generation_items(items: list[dict[str, Any]], *, cache_dir: str | None = None) -> GenerationWarm:
+    """Compile the generation calls ``items`` (:func:`generation_items`, or what the store
+    recorded) into the store; each entry records its item as its spec."""
     import torch
+
+    from fa4cache.store.installed import record_spec
 
     from .flash_attn import fold_all_hits, install
 
     store = install(cache_dir)
-    heads, heads_kv, head_dim, windows, softcap = _shapes(cfg)
     fold_all_hits()
     before = dict(store.counters.values)
     t0 = time.perf_counter()
     errors = []
-    kinds = 0
-    for d in dtypes:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[d]
-        for window in windows:
-            kinds += 4
-            try:
-                _calls(heads, heads_kv, head_dim, window, softcap, dtype)
-            except Exception as e:  # reported by the CLI; the other kinds still compile
-                errors.append(f"{d} window={window}: {type(e).__name__}: {e}")
+    for item in items:
+        g = item[GENERATION_KEY]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[g["dtype"]]
+        try:
+            # quiet: fake tensors, torch's data-pointer warning is noise here
+            with record_spec(item), quiet_library_warnings():
+                _calls(g["heads"], g["heads_kv"], g["head_dim"], g["window"], g["softcap"], dtype)
+        except Exception as e:  # reported by the CLI; the other kinds still compile
+            errors.append(f"{g['dtype']} window={g['window']}: {type(e).__name__}: {e}")
     fold_all_hits()
     store.counters.flush()
     c = store.counters.values
     return GenerationWarm(
-        kernels=kinds,
+        kernels=4 * len(items),
         compiles=int(c["compiles"] - before["compiles"]),
         present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
         seconds=time.perf_counter() - t0,

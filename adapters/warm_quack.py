@@ -20,7 +20,8 @@ from typing import Any
 
 from fa4cache.aot.jit_spec import JitCall
 from fa4cache.arch import ARCH_ENV
-from fa4cache.errors import ConfigError
+from fa4cache.errors import ConfigError, quiet_library_warnings
+from fa4cache.store.installed import record_spec
 
 from . import cross_compile
 from .jit_cache import JIT_ATTR
@@ -199,7 +200,9 @@ def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarm
 
         def run(call: JitCall = call) -> None:
             fn = resolve(call.function)
-            fn(*decode(list(call.args)), **{k: decode(v) for k, v in call.kwargs})
+            # The call's spec goes into its entries' sidecars: `warm --replay` compiles it again.
+            with record_spec(call.to_dict()), quiet_library_warnings():
+                fn(*decode(list(call.args)), **{k: decode(v) for k, v in call.kwargs})
 
         r = counted(store, fold_all_hits, call.label(), run)
         results.append(JitWarmResult(call, r["compiles"], r["present"], r["seconds"], r["error"]))

@@ -2,9 +2,21 @@
 
 Every error derives from :class:`Fa4CacheError`, so callers can catch one type;
 the subclasses say what went wrong without parsing messages.
+
+Warnings are for what the user should change. :func:`quiet_library_warnings` ignores, for
+the duration of one of fa4cache's own calls, the library warnings that name nothing the
+user wrote (:data:`NOT_ACTIONABLE`): CUTLASS's ``Argument aux_data (position N) cannot be
+converted to a JitArgument`` (~600 characters, on every compile of a mask with aux tensors:
+FA4 passes them as a compile-time list) and PyTorch's ``Accessing the data pointer of
+FakeTensor ... almost definitely a bug in your code`` (``warm`` traces FA4 on fake tensors;
+nothing runs). The same warnings from the user's own code, outside those calls, still show.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class Fa4CacheError(Exception):
@@ -47,3 +59,19 @@ class UnkeyableCode(UnstableKeyError):
         self.reason = message
         self.name = name
         self.fix = fix
+
+
+# (category, message regex matched at the start of the warning's text)
+NOT_ACTIONABLE: tuple[tuple[type[Warning], str], ...] = (
+    (UserWarning, r"Argument aux_data \(position \d+\) cannot be converted to a JitArgument"),
+    (Warning, r"Accessing the data pointer of FakeTensor"),
+)
+
+
+@contextmanager
+def quiet_library_warnings() -> Iterator[None]:
+    """Ignore :data:`NOT_ACTIONABLE` inside the block (the filters before it are restored)."""
+    with warnings.catch_warnings():
+        for category, message in NOT_ACTIONABLE:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield

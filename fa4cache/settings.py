@@ -306,6 +306,9 @@ class Settings:
     # A per-node path (placeholders, FA4CACHE_NODE_LOCAL=1, the node-local default): if
     # another user squatted it, the private default is used instead (fa4cache.store.root).
     node_local: bool = False
+    # Where cache_dir came from, as the user would write it ("FA4CACHE_DIR", "--cache-dir",
+    # "cache_dir", "default"): an error about the directory names what to change.
+    cache_dir_from: str = dataclasses.field(default="default", compare=False)
 
     def with_cache_dir(self, cache_dir: Path) -> Settings:
         return dataclasses.replace(self, cache_dir=cache_dir)
@@ -315,10 +318,13 @@ class Settings:
         cls,
         cache_dir: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
+        *,
+        cache_dir_from: str = "cache_dir",
         **overrides: Any,
     ) -> Settings:
         """Settings from the environment, then ``cache_dir`` and ``overrides`` (the
-        same names as the fields; strings are parsed like the variables)."""
+        same names as the fields; strings are parsed like the variables).
+        ``cache_dir_from``: how the caller calls ``cache_dir`` (the CLI: ``--cache-dir``)."""
         env = os.environ if environ is None else environ
         if env.get(REMOVED_TRUST_SHARED):
             raise ConfigError(
@@ -327,11 +333,13 @@ class Settings:
             )
         values = {s.field: s.read(env) for s in SETTINGS if s.field}
         raw_dir = env.get(ENV_DIR) or ""
+        values["cache_dir_from"] = ENV_DIR if values["cache_dir"] is not None else "default"
         if values["cache_dir"] is None:
             values["cache_dir"] = default_dir()
         if cache_dir is not None:
             raw_dir = os.fspath(cache_dir)
-            values["cache_dir"] = resolve_path(cache_dir, setting="cache_dir")
+            values["cache_dir"] = resolve_path(cache_dir, setting=cache_dir_from)
+            values["cache_dir_from"] = cache_dir_from
         values["node_local"] = (
             is_node_local_path(raw_dir)
             or bool(setting("FA4CACHE_NODE_LOCAL", env))
@@ -384,3 +392,74 @@ class Settings:
                 s.read(src)  # a bad value fails here, in the driver, not on every worker
                 env[s.name] = src[s.name]
         return env
+
+
+# --------------------------------------------------------------------------- the directory
+
+
+def cache_dir_problem(path: Path, *, write: bool = True) -> str | None:
+    """What makes ``path`` unusable as a store directory, in words, or None (also when it
+    does not exist yet: it is created at first use). ``write=False``: for reading only (a
+    read-only store can still be looked at). Only what the user can fix is named; the
+    store's own checks (:mod:`fa4cache.store.secure_io`) stay the authority."""
+    import stat
+
+    probe = path
+    while True:  # the deepest component that exists
+        try:
+            st = os.lstat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # not there yet, or a file above it
+            if probe == probe.parent:
+                return None
+            probe = probe.parent
+        except OSError as e:
+            return f"cannot be read ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode) and probe == path:
+        real = os.path.realpath(path)
+        return (
+            f"is a symlink to {real}, and a symlink can be redirected by whoever owns it: name {real} itself"
+        )
+    try:
+        is_dir = stat.S_ISDIR(os.stat(probe).st_mode)
+    except OSError as e:  # a dangling link on the way
+        return f"cannot be reached ({probe}: {e.strerror})"
+    if not is_dir:
+        return "is a file, not a directory" if probe == path else f"is under {probe}, which is a file"
+    if not write:  # looking only: another owner's (trusted) store can be read
+        return None
+    if probe == path and hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not by you"
+    if probe == path and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return (
+            "is not writable by you"
+            if probe == path
+            else f"cannot be created: {probe} is not writable by you"
+        )
+    return None
+
+
+def describe_cache_dir(settings: Settings) -> str:
+    """``FA4CACHE_DIR=/x``, ``--cache-dir /x`` or ``the default directory /x``."""
+    src, path = settings.cache_dir_from, settings.cache_dir
+    if src == ENV_DIR or src == "cache_dir":
+        return f"{src}={path}"
+    if src.startswith("--"):
+        return f"{src} {path}"
+    return f"the default directory {path}"
+
+
+def cache_dir_fix(settings: Settings) -> str:
+    """How to point fa4cache at another directory, naming the setting in use."""
+    src = settings.cache_dir_from
+    if src == "default":
+        return f"set {ENV_DIR} to a directory you own (e.g. {ENV_DIR}=$HOME/fa4cache)"
+    other = f"; or unset {ENV_DIR} to use {default_dir()}" if src == ENV_DIR else ""
+    return f"point {src} at a directory you own (mode 700), or at a path that does not exist yet{other}"
+
+
+def cache_dir_error(settings: Settings, problem: str) -> ConfigError:
+    """The one error for an unusable store directory: what, where it was set, the fix."""
+    return ConfigError(f"{describe_cache_dir(settings)} {problem}; {cache_dir_fix(settings)}")

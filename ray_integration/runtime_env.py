@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
-from fa4cache.settings import BY_NAME, ENV_DIR, NODE_LOCAL_DEFAULT, Settings, check_placeholders
+from fa4cache.settings import (
+    BY_NAME,
+    ENV_DIR,
+    NODE_LOCAL_DEFAULT,
+    Settings,
+    cache_dir_error,
+    cache_dir_problem,
+    check_placeholders,
+)
 
 from .hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
@@ -21,14 +28,11 @@ def _check_dir(raw: str, setting: str) -> None:
     if not os.path.isabs(text):
         raise ConfigError(f"{setting}: cache directory must be an absolute path, got {raw!r}")
     if "{" not in text:
-        p = Path(text)
-        probe = p
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"{setting}: {probe} is not writable, so {p} cannot be used as a cache directory"
-            )
+        # The same words as every other command: what is wrong, which setting, the fix.
+        s = Settings.from_env(text, cache_dir_from=setting)
+        problem = cache_dir_problem(s.cache_dir)
+        if problem is not None:
+            raise cache_dir_error(s, problem)
 
 
 def env(

@@ -196,7 +196,7 @@ def test_unwritable_directory_runs_memory_only_in_the_worker_with_a_warning(
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(ConfigError, match="cannot be used as a cache directory"):
+    with pytest.raises(ConfigError, match="cache_dir=.* is under .*, which is a file; point cache_dir at"):
         fa4cache.env(str(blocker / "cache"))
     # With a placeholder the path is only known in the worker: like Store() (issue 24), the
     # worker runs with an in-memory cache and says why, instead of dying in its setup hook.

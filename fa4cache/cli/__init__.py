@@ -11,10 +11,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
+from ..version import __version__
 from . import warm_jit
 from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
@@ -24,9 +26,36 @@ from .warm import cmd_warm
 log = logging.getLogger(__name__)
 
 
+CACHE_DIR_HELP = "store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)"
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options every subcommand also takes after its name (``fa4cache stats --cache-dir X``),
+    as pip and huggingface-cli do. SUPPRESS: an option given before the subcommand is not
+    overwritten by the subcommand's unset default."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what happens"
+    )
+    return common
+
+
+class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Every subcommand (bundle's too) gets the common options."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("parents", [_common_options()])
+        parser: argparse.ArgumentParser = super().add_parser(name, **kwargs)
+        parser.register("action", "parsers", _SubParsers)
+        return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
-    p.add_argument("--cache-dir", help="store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)")
+    p.register("action", "parsers", _SubParsers)
+    p.add_argument("--version", action="version", version=f"fa4cache {__version__}")
+    p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -100,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--arch",
-        default="sm_90",
         choices=ARCHS,
-        help="target GPU arch to cross-compile for (default sm_90: H100/H200)",
+        help="target GPU arch to cross-compile for (default sm_90: H100/H200; with --replay: "
+        "the arch of the recorded specs, which must then be one)",
     )
     s.add_argument("--manifest", help="a JSON list of kernel specs (fields as in KernelSpec)")
     s.add_argument(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .common import human, safe_text, settings_of
+from .common import human, plural, safe_text, settings_of, store_settings, writable_store_settings
 
 log = logging.getLogger(__name__)
 
@@ -18,11 +18,16 @@ log = logging.getLogger(__name__)
 def add_bundle_parser(sub: Any) -> None:
     s = sub.add_parser("bundle", help="export the store to one file, or import one (verified)")
     bsub = s.add_subparsers(dest="bundle_command", required=True)
-    e = bsub.add_parser("export", help="write the store's kernels (current toolchain) to FILE")
+    e = bsub.add_parser("export", help="write the store's kernels (every toolchain) to FILE")
     e.add_argument("file", metavar="FILE")
     e.add_argument(
-        "--all", action="store_true", help="every toolchain in the store, not just the current one"
+        "--current",
+        action="store_true",
+        help="only the current toolchain (the most recently used one with kernels); "
+        "what is left out is counted",
     )
+    # Every toolchain is the default now; --all is kept so that scripts written for it still run.
+    e.add_argument("--all", action="store_true", help=argparse.SUPPRESS)
     e.set_defaults(func=cmd_export)
     i = bsub.add_parser("import", help="verify every entry of FILE, then publish them into the store")
     i.add_argument("file", metavar="FILE")
@@ -43,36 +48,82 @@ def _producer(p: dict[str, Any]) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from collections import Counter
+
     from fa4cache.store.bundle import export_bundle
     from fa4cache.store.paths import Layout
 
-    s = settings_of(args)
-    if not s.cache_dir.exists():
-        raise ConfigError(f"cache directory {s.cache_dir} does not exist (nothing cached yet?)")
+    s = store_settings(args)  # NoStoreYet: "does not exist (nothing cached yet?)", exit 2
     layout = Layout(s.cache_dir)
-    if args.all:
-        tcs = None
-    else:
+    held = Counter(e.ref.toolchain for e in layout.iter_entries())
+    if not held:
+        raise ConfigError(f"the store {s.cache_dir} holds no kernels yet: nothing to export")
+    tcs = None
+    if args.current and not args.all:
         current = layout.most_recent_toolchain()
-        if current is None:
-            raise ConfigError(f"no toolchain recorded in {s.cache_dir} (nothing cached yet?); try --all")
-        tcs = [current]
+        tcs = [current] if current is not None else []
     r = export_bundle(s.cache_dir, Path(args.file), toolchains=tcs)
     for why in r.skipped:
-        log.warning("fa4cache bundle: skipped %s", why)
+        log.warning("fa4cache bundle: skipped %s (failed verification; `fa4cache verify --repair`)", why)
     print(
         f"exported {r.entries} entries of {len(r.toolchains)} toolchain(s) to {r.path}: "
         f"{human(r.bundle_bytes)} for {human(r.artifact_bytes)} of kernels ({r.ratio:.2f}x)"
     )
+    for line in _toolchain_lines(layout, r.toolchains):
+        print(line)
+    asked = set(held) if tcs is None else set(tcs)
+    left = {tc: n for tc, n in held.items() if tc not in asked}
+    if left:
+        print(
+            f"left out {plural(sum(left.values()), 'entry', 'entries')} of {plural(len(left), 'other toolchain')} "
+            f"({', '.join(sorted(left))}): not the current one; drop --current to include them"
+        )
+    if r.skipped:
+        print(f"left out {plural(len(r.skipped), 'entry', 'entries')} that failed verification (see above)")
     return 1 if r.skipped else 0
+
+
+def _toolchain_lines(layout: Any, toolchains: tuple[str, ...]) -> list[str]:
+    """One line per exported toolchain: what it targets and its kernels by kind."""
+    from collections import Counter
+
+    from fa4cache.store.bundle import _toolchain_description
+
+    out = []
+    for tc in toolchains:
+        desc = _toolchain_description(layout, tc) or {}
+        kinds = Counter(e.ref.kind for e in layout.iter_entries(toolchain=tc))
+        arch = desc.get("arch", "?")
+        out.append(
+            safe_text(f"  toolchain {tc}: sm_{arch}; ")
+            + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        )
+    return out
+
+
+def _bundle_path(file: str) -> Path:
+    """FILE as given, refused before it is opened where it cannot be a bundle (the open
+    would report a directory as ``Is a directory: 3``, a descriptor number)."""
+    path = Path(file)
+    if path.is_dir():
+        raise ConfigError(
+            f"{file} is a directory, not a bundle file (make one with `fa4cache bundle export FILE`)"
+        )
+    return path
+
+
+def _read_only_message(e: Exception) -> ConfigError:
+    """A bundle error as ``show`` says it: show writes nothing, so "nothing was imported" is
+    not news (import's own message keeps it)."""
+    return ConfigError(str(e).removesuffix("; nothing was imported") + " (bundle show writes nothing)")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from fa4cache.store.bundle import import_bundle
     from fa4cache.store.store import Store
 
-    store = Store(settings_of(args))
-    r = import_bundle(store, Path(args.file))
+    store = Store(writable_store_settings(args))
+    r = import_bundle(store, _bundle_path(args.file))
     busy = f", {r.busy} being compiled here (skipped)" if r.busy else ""
     print(
         f"imported {r.imported} of {r.entries} entries into {store.root} ({r.present} already there{busy}); "
@@ -84,10 +135,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from fa4cache.store.bundle import show_bundle
+    from fa4cache.store.bundle import BundleError, show_bundle
     from fa4cache.store.secure_io import owners
 
-    m = show_bundle(Path(args.file), owners(settings_of(args).trusted_uids))
+    try:
+        m = show_bundle(_bundle_path(args.file), owners(settings_of(args).trusted_uids))
+    except BundleError as e:
+        raise _read_only_message(e) from None
     print(f"{args.file}: {len(m.entries)} entries, all verified; made by {_producer(m.producer)}")
     for tc, desc in m.toolchains.items():
         versions = (desc or {}).get("versions", {})

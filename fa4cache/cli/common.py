@@ -4,11 +4,12 @@ inspect, sizes and ages for people, text from store files made safe for a termin
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
 from ..errors import ConfigError
-from ..settings import Settings
+from ..settings import Settings, cache_dir_error, cache_dir_problem
 
 
 def human(n: float) -> str:
@@ -37,29 +38,65 @@ def ago(ts: float | None) -> str:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(args.cache_dir)
+    if args.cache_dir is None:
+        return Settings.from_env()
+    # A shell path: relative to where the command runs (FA4CACHE_DIR stays absolute-only,
+    # since a job's workers may run elsewhere).
+    raw = os.path.expanduser(args.cache_dir)
+    return Settings.from_env(raw if "{" in raw else os.path.abspath(raw), cache_dir_from="--cache-dir")
+
+
+class NoStoreYet(ConfigError):
+    """The store directory does not exist yet: nothing was cached there."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(f"cache directory {settings.cache_dir} does not exist (nothing cached yet?)")
+        self.settings = settings
 
 
 def store_settings(args: argparse.Namespace) -> Settings:
     """The settings of the store that ``Store()`` and the Ray hook would use, fallback
     included (a squatted node-local path: the private default, with the warning), its
-    directory checked from ``/`` down. Raises :class:`ConfigError` where there is none
-    yet, :class:`~fa4cache.errors.InsecurePath` where it would be refused."""
+    directory checked from ``/`` down. Raises :class:`NoStoreYet` where there is none
+    yet, :class:`ConfigError` naming the setting and the fix where it would be refused."""
     import logging
 
     from fa4cache.store.root import resolve_root
 
     s = settings_of(args)
-    root, exists = resolve_root(s, lambda tag, msg: logging.getLogger("fa4cache").warning(msg))
+    try:
+        root, exists = resolve_root(s, lambda tag, msg: logging.getLogger("fa4cache").warning(msg))
+    except OSError as e:  # InsecurePath too: a file in the way, a symlink, another owner
+        raise cache_dir_error(s, cache_dir_problem(s.cache_dir) or str(e)) from None
     if not exists:
-        raise ConfigError(f"cache directory {root} does not exist (nothing cached yet?)")
+        raise NoStoreYet(s)
     return s.with_cache_dir(root)
+
+
+def writable_store_settings(args: argparse.Namespace) -> Settings:
+    """:func:`store_settings` for a command that writes (warm, prune, clear, import): a store
+    it cannot write is refused up front, not reported as done. A missing store is fine
+    (created at first use) when its parent is writable."""
+    try:
+        s = store_settings(args)
+    except NoStoreYet as e:
+        s = e.settings
+    problem = cache_dir_problem(s.cache_dir)  # writability included
+    if problem is not None:
+        raise cache_dir_error(s, problem)
+    return s
 
 
 def open_store(args: argparse.Namespace) -> Any:
     from fa4cache.store.store import Store
 
     return Store(store_settings(args))
+
+
+def no_store_line(e: NoStoreYet) -> str:
+    """What ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet (as ``stats``
+    shows zeros): nothing wrong, nothing there."""
+    return f"no store at {e.settings.cache_dir} yet: 0 entries"
 
 
 def safe_text(x: Any) -> str:

@@ -80,13 +80,13 @@ def _gpu(line: _Report) -> None:
 def _cache_directory(line: _Report, s: Settings) -> tuple[Settings, bool]:
     """The store the workers would use (a squatted node-local path: the fallback), and
     whether it is usable."""
-    from fa4cache.errors import InsecurePath
+    from fa4cache.settings import cache_dir_error, cache_dir_problem
     from fa4cache.store.root import resolve_root
 
     try:
         root, _ = resolve_root(s, lambda tag, msg: None)
-    except InsecurePath as e:
-        line("FAIL", "cache directory", str(e))
+    except OSError as e:  # InsecurePath, or a file in the way: the setting and the fix
+        line("FAIL", "cache directory", str(cache_dir_error(s, cache_dir_problem(s.cache_dir) or str(e))))
         return s, False
     shown = str(root) if root == s.cache_dir else f"{root} (instead of {s.cache_dir}, not safe to use)"
     line("ok", "cache directory", shown)

@@ -11,7 +11,18 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..settings import parse_duration, parse_size
-from .common import ago, human, open_store, plural, safe_text, settings_of, store_settings
+from .common import (
+    NoStoreYet,
+    ago,
+    human,
+    no_store_line,
+    open_store,
+    plural,
+    safe_text,
+    settings_of,
+    store_settings,
+    writable_store_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +41,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     try:
         s = store_settings(args)
-    except ConfigError:  # no store yet: zeros
-        s = settings_of(args)
+    except NoStoreYet as e:  # no store yet: zeros
+        s = e.settings
     counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
         try:
@@ -104,7 +115,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    try:
+        store = open_store(args)
+    except NoStoreYet as e:
+        if args.kind is not None:
+            raise ConfigError(
+                f"--kind: no entries of kind {args.kind!r}; the store holds no entries yet"
+            ) from None
+        print("[]" if args.json else no_store_line(e))
+        return 0
     if args.kind is not None:
         kinds = sorted({k for tc in store.layout.toolchains() for k in store.layout.kinds(tc)})
         if args.kind not in kinds:
@@ -196,9 +215,13 @@ def mask_label(spec: Any, summary: dict[str, Any]) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from fa4cache.store.maintenance import verify
+    from fa4cache.store.maintenance import VerifyReport, verify
 
-    store = open_store(args)
+    try:
+        store = open_store(args)
+    except NoStoreYet as e:
+        print(json.dumps(VerifyReport().as_dict(), indent=2) if args.json else f"{no_store_line(e)} to check")
+        return 0
     rep = verify(store, repair=args.repair)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
@@ -221,7 +244,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     from fa4cache.store.maintenance import DAY, prune
 
-    store = open_store(args)
     max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
     older = parse_duration(args.older_than, setting="--older-than") if args.older_than else None
     if args.fingerprint not in (None, "stale"):
@@ -231,6 +253,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
         stale_after = parse_duration(args.stale_after, setting="--stale-after") if args.stale_after else DAY
     if max_size is None and older is None and stale_after is None:
         raise ConfigError("give --max-size, --older-than and/or --fingerprint stale")
+    try:
+        store = _open_for_removal(args)
+    except NoStoreYet as e:
+        print(f"{no_store_line(e)}: nothing to remove")
+        return 0
     rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after, dry_run=args.dry_run)
     store.counters.flush()
     if args.dry_run:
@@ -245,6 +272,17 @@ def cmd_prune(args: argparse.Namespace) -> int:
             f"removed {plural(len(rep.removed_toolchains), 'empty toolchain directory', 'empty toolchain directories')}"
         )
     return _report_unremoved(rep)
+
+
+def _open_for_removal(args: argparse.Namespace) -> Any:
+    """The store, for prune and clear: one they cannot change is an error up front (exit 2),
+    not a run that reports every removal as failed. Raises :class:`NoStoreYet`."""
+    from fa4cache.store.store import Store
+
+    if args.dry_run:
+        return open_store(args)
+    s = store_settings(args)  # NoStoreYet: nothing to remove
+    return Store(writable_store_settings(args).with_cache_dir(s.cache_dir))
 
 
 def _report_dry_run(rep: Any, store: Any) -> int:
@@ -276,7 +314,11 @@ def cmd_clear(args: argparse.Namespace) -> int:
     from fa4cache.store.maintenance import clear
 
     asked = settings_of(args).cache_dir
-    store = open_store(args)
+    try:
+        store = _open_for_removal(args)
+    except NoStoreYet as e:
+        print(f"{no_store_line(e)}: nothing to remove")
+        return 0
     if args.dry_run:
         return _report_dry_run(clear(store, everything=args.all, dry_run=True), store)
     what = f"every entry{' and all counters' if args.all else ''} in {store.root}"

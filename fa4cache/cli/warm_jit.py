@@ -46,17 +46,18 @@ def calls_from_args(args: argparse.Namespace) -> list[JitCall]:
     tokens = args.tokens or [args.seqlen]
     if any(t <= 0 for t in tokens):
         raise ConfigError(f"--tokens: expected positive ints, got {tokens}")
-    return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch)
+    return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch or "sm_90")
 
 
 def run(calls: list[JitCall], cache_dir: str) -> int:
     """Warm ``calls`` in this process, print their table; returns how many failed."""
     import warnings
 
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
     from ..adapters.warm_quack import warm_jit
 
-    results: list[Any] = warm_jit(calls, cache_dir)
+    with warnings.catch_warnings():  # the libraries' own deprecations, for this call only
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        results: list[Any] = warm_jit(calls, cache_dir)
     print(f"{'jit kernel':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
     failed = 0
     for r in results:

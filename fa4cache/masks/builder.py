@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from fa4cache.masks.document import make_document_mask
-from fa4cache.masks.mask import AttentionMask, as_int_tensor, check_length
+from fa4cache.masks.mask import AttentionMask, as_int_tensor, check_flag, check_length
 
 
 class DocumentMaskBuilder:
@@ -45,6 +45,8 @@ class DocumentMaskBuilder:
 
         seqlen = check_length(seqlen, "seqlen")
         max_documents = check_length(max_documents, "max_documents")
+        causal = check_flag(causal, "causal")
+        block_sparse = check_flag(block_sparse, "block_sparse")
         if seqlen is None or max_documents is None:
             raise TypeError(
                 f"seqlen, max_documents: expected positive ints, got {seqlen!r}, {max_documents!r}"

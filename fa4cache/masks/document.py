@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fa4cache.masks.builtins import interval_mask, interval_masking_enabled
-from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, check_int32, check_length, pad_rows
+from fa4cache.masks.mask import (
+    BIG,
+    AttentionMask,
+    as_int_tensor,
+    check_flag,
+    check_int32,
+    check_length,
+    pad_rows,
+)
 
 
 def _doc_bounds_from_cu(cu: Any, T: int) -> tuple[Any, Any, Any]:
@@ -57,7 +65,12 @@ def make_document_mask(
 
     Give the packing either as ``cu_seqlens`` (``[D + 1]`` cumulative lengths of one
     packed row, starting at 0) or as ``document_ids`` (``[B, T]``, one id per token,
-    documents contiguous). Options:
+    documents contiguous). In ``document_ids`` a document is a run of equal ids: a new
+    document starts wherever the id changes, so ``[0, 0, 1, 1, 0]`` is three documents
+    (the ids need not be distinct or sorted; only changes count), and every row starts a
+    new one. No id is special: ``-1`` is not padding, it is one more document (give
+    padding its own id and ignore its outputs, or leave it out of ``cu_seqlens``).
+    Options:
 
     * ``causal``: causal inside each document (default) or bidirectional;
     * ``window``: a query sees at most ``window`` earlier keys (and, if bidirectional,
@@ -86,6 +99,9 @@ def make_document_mask(
     import torch
 
     seqlen = check_length(seqlen, "seqlen")
+    causal = check_flag(causal, "causal")
+    block_sparse = check_flag(block_sparse, "block_sparse")
+    validate = check_flag(validate, "validate")
     if (cu_seqlens is None) == (document_ids is None):
         raise ValueError("make_document_mask: give exactly one of cu_seqlens or document_ids")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fa4cache.masks.builtins import draft_block_mask, interval_masking_enabled
-from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, pad_rows
+from fa4cache.masks.mask import BIG, AttentionMask, as_int_tensor, check_flag, pad_rows
 
 
 def make_draft_block_mask(
@@ -29,6 +29,8 @@ def make_draft_block_mask(
     """
     import torch
 
+    block_sparse = check_flag(block_sparse, "block_sparse")
+    validate = check_flag(validate, "validate")
     if not isinstance(draft_block_size, int) or isinstance(draft_block_size, bool) or draft_block_size <= 0:
         raise ValueError(f"draft_block_size: expected a positive int, got {draft_block_size!r}")
     block_size = draft_block_size

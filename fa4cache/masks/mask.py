@@ -184,6 +184,14 @@ def as_int_tensor(x: Any, name: str, device: Any = None) -> Any:
     return x
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a bool: ``TypeError`` naming ``name`` for anything else. ``causal="yes"``
+    (or ``"false"``, which is truthy) would otherwise pick a mask silently."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool too
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
+
+
 def check_length(value: Any, name: str) -> int | None:
     """``value`` as a positive int (None stays None): ``TypeError`` naming ``name`` for a
     non-integer (``'512'``, ``512.0``), ``ValueError`` for zero or a negative length."""

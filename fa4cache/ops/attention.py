@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from fa4cache.errors import quiet_library_warnings
 from fa4cache.masks.mask import AttentionMask
 from fa4cache.validate import positive_number
 
@@ -57,7 +58,8 @@ def attention(
         raise ValueError(f"softcap: expected a positive number (0 or None: no softcapping), got {softcap!r}")
     softcap = float(softcap or 0.0)  # FA4's convention: 0 for none
     try:
-        return _dispatch(q, k, v, mask, softmax_scale, softcap, dense)
+        with quiet_library_warnings():  # CUTLASS's aux_data note on each compile: not the user's
+            return _dispatch(q, k, v, mask, softmax_scale, softcap, dense)
     except AssertionError as e:
         # FA4 asserts its inputs are CUDA tensors; the bare assertion names neither the
         # tensor nor the fix. (Checked after the fact: tests run a CPU model of FA4 here.)

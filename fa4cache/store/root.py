@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fa4cache.errors import InsecurePath
-from fa4cache.settings import Settings, default_dir
+from fa4cache.settings import Settings, cache_dir_fix, cache_dir_problem, default_dir, describe_cache_dir
 
 from .paths import LAYOUT
 from .secure_io import makedirs_private, only_me, open_dir
@@ -43,7 +43,11 @@ def _fallback(settings: Settings, e: InsecurePath, warn: Warn) -> Settings | Non
         warn("squat", f"fa4cache: {e}; using {fallback} instead")
         return settings.with_cache_dir(fallback)
     if settings.insecure_policy != "warn":
-        raise e
+        # Say which setting named the path and how to fix it: "is a symlink" alone is not enough.
+        detail = cache_dir_problem(root)
+        where = describe_cache_dir(settings)
+        what = f"{where} {detail}" if detail else f"{e} (set by {where})"
+        raise InsecurePath(f"{what}; {cache_dir_fix(settings)}") from None
     return None
 
 
@@ -59,10 +63,14 @@ def open_root(settings: Settings, warn: Warn) -> tuple[Path, bool]:
         other = _fallback(settings, e, warn)
         if other is not None:
             return open_root(other, warn)
-        warn("insecure-root", f"fa4cache: {e}; using an in-memory cache only")
+        warn("insecure-root", f"fa4cache: {e}; using an in-memory cache only ({cache_dir_fix(settings)})")
         return root, False
     except OSError as e:
-        warn("unwritable", f"fa4cache: cannot use {root} ({e}); kernels will not be persisted")
+        warn(
+            "unwritable",
+            f"fa4cache: cannot use {describe_cache_dir(settings)} ({e}); kernels will not be persisted "
+            f"({cache_dir_fix(settings)})",
+        )
         return root, False
     return root, True
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fa4cache.settings import Settings
+from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
 from fa4cache.store import installed as runtime
 from fa4cache.store.paths import Layout
 
@@ -52,6 +52,9 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
     """
     settings = Settings.from_env(cache_dir)
     root = settings.cache_dir
+    problem = cache_dir_problem(root, write=False)
+    if problem is not None:  # a file in the way, a symlink: name the setting and the fix
+        raise cache_dir_error(settings, problem)
     layout = Layout(root)
     _counters.check_stats_dir(layout.stats_dir)
     # A missing stats directory aggregates to zeros.
