@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fa4cache.arch import num_sms_or_none, resolved_arch
-from fa4cache.fingerprint import Toolchain, toolchain
+from fa4cache.fingerprint import Toolchain, runtime_facts, toolchain
 from fa4cache.hashing import encode_key, key_digest
 from fa4cache.store import installed as runtime
 from fa4cache.store.locks import release
@@ -109,7 +109,7 @@ class Installation:
                     compile_seconds=seconds,
                     tvm_ffi=tvm_ffi,
                     spec=runtime.recorded_spec(),
-                    built_with=dict(self.toolchain().runtime),
+                    built_with=dict(runtime_facts()),
                 )
                 if published and store.settings.max_size is not None:
                     enforce_cap(store, store.settings.max_size)

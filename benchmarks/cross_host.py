@@ -63,10 +63,10 @@ def serve(bundle: Path, config_dir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"import": (imp.stdout + imp.stderr).strip(), "import_rc": imp.returncode}
     result["doctor_toolchain"] = [ln for ln in doctor.stdout.splitlines() if "toolchain" in ln]
     import torch
+    from fa4cache.adapters import transformers as fht
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     import fa4cache
-    from fa4cache.adapters import transformers as fht
 
     fht.register()
     store = fa4cache.install()

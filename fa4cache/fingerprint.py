@@ -97,6 +97,7 @@ class Toolchain:
 
     def describe(self) -> dict[str, object]:
         return {
+            "format": FINGERPRINT_FORMAT,
             "dsl_cuda": self.dsl_cuda,
             "runtime": dict(self.runtime),
             "id": self.id,
@@ -244,6 +245,7 @@ def _abi(version: str | None) -> str:
     return ".".join((version or "absent").split(".")[:2])
 
 
+@lru_cache(maxsize=1)
 def runtime_facts() -> tuple[tuple[str, str], ...]:
     """What this process would record with an entry it compiles (see the module docstring)."""
     tvm = _version("apache-tvm-ffi")

@@ -129,7 +129,29 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"imported {r.imported} of {r.entries} entries into {store.root} ({r.present} already there{busy}); "
         f"bundle made by {_producer(r.producer)}, toolchain(s) {', '.join(r.toolchains) or '-'}"
     )
+    _print_fit(args)
     return 0
+
+
+def _print_fit(args: argparse.Namespace) -> None:
+    """Which of the bundle's kernels can serve this host (fa4cache.cli.host_fit); its
+    manifest only, read again (the entries were verified already)."""
+    from collections import Counter
+
+    from fa4cache.store.bundle import BundleError, open_bundle, read_manifest
+    from fa4cache.store.secure_io import owners
+
+    from .host_fit import fit_lines
+
+    path = Path(args.file)
+    try:
+        with open_bundle(path, owners(settings_of(args).trusted_uids)) as f:
+            m = read_manifest(f, path)
+    except (BundleError, OSError):
+        return
+    counts = Counter(e.ref.toolchain for e in m.entries)
+    for line in fit_lines(dict(m.toolchains), counts, "the bundle"):
+        print("  " + safe_text(line))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -152,4 +174,5 @@ def cmd_show(args: argparse.Namespace) -> int:
             safe_text(f"  toolchain {tc}: flash-attn-4 {fa4}, sm_{arch}; ")
             + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         )
+    _print_fit(args)
     return 0

@@ -120,10 +120,16 @@ def _target_and_toolchains(line: _Report, s: Settings) -> None:
     elif mine == recent:
         jobs = f"{mine} = the store's current one: jobs here load its kernels"
     else:
-        jobs = (
-            f"{mine}, not the store's current one: jobs here compile anew (another version, arch or SM count)"
-        )
+        jobs = f"{mine}, not the store's current one {recent}"
     line("info", "toolchain (jobs here)", jobs)
+    if mine is not None and recent is not None and mine != recent:
+        from fa4cache.store.nearmiss import toolchain_description
+        from fa4cache.store.secure_io import only_me
+
+        from .host_fit import host_toolchains, why_not
+
+        theirs = toolchain_description(s.cache_dir, recent, only_me())
+        line("warn", "store kernels fit here?", f"no: {why_not(theirs, host_toolchains(), 'the store')}")
     line(
         "info",
         "toolchain (store)",

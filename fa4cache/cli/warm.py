@@ -271,7 +271,10 @@ def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> i
     from ..arch import describe
 
     target = describe()
-    print(f"target {target['arch']} ({target['num_sms']} SMs), store {cache_dir}", flush=True)
+    print(
+        f"target {target['arch']} ({target['num_sms']} SMs), {_stack()}, store {cache_dir}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     with Progress(cache_dir, len(specs), quiet=args.quiet) as progress:
         results = _run_specs(args, specs, cache_dir, progress)
@@ -417,3 +420,15 @@ def _report_generation(items: list[dict[str, Any]], cache_dir: str) -> int:
         f"{len(g.errors)} failed, {g.seconds:.1f} s"
     )
     return len(g.errors)
+
+
+def _stack() -> str:
+    """Which GPU hosts the kernels are for, beyond the arch: the CUTLASS DSL's CUDA flavor."""
+    from fa4cache.fingerprint import dsl_cuda
+
+    cuda = dsl_cuda()
+    if cuda == "cu13":
+        return "DSL flavor cu13 (for hosts whose driver supports CUDA 13; cu12 hosts: install nvidia-cutlass-dsl without [cu13])"
+    if cuda == "cu12":
+        return "DSL flavor cu12 (for hosts that pick cu12; CUDA 13 hosts: install nvidia-cutlass-dsl[cu13])"
+    return f"DSL flavor {cuda}"

@@ -89,7 +89,8 @@ def _stored_keys(store: Any, kind: str) -> Iterator[tuple[str, Path, frozenset[i
                     yield where, root, trusted, tc, side.key
 
 
-def _toolchain(root: Path, tc: str, trusted: frozenset[int]) -> dict[str, Any]:
+def toolchain_description(root: Path, tc: str, trusted: frozenset[int]) -> dict[str, Any]:
+    """The recorded description (toolchain.json) of toolchain ``tc`` in the store at ``root``; {} if unreadable."""
     try:
         obj = json.loads(
             read_checked(root / LAYOUT / tc / TOOLCHAIN_FILE, max_bytes=1 << 16, trusted=trusted)
@@ -144,7 +145,7 @@ def explain(store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None
     _, where, root, trusted, tc, fields = best
     hint = _hint(fields, names)
     if tc != ref.toolchain:
-        tdiff = diff(_toolchain(store.root, ref.toolchain, only_me()), _toolchain(root, tc, trusted))
+        tdiff = diff(toolchain_description(store.root, ref.toolchain, only_me()), toolchain_description(root, tc, trusted))
         tdesc = _fmt([d for d in tdiff if d[0] not in ("id",)], where) or "their descriptions are not recorded"
         head = f"another toolchain ({tdesc})"
         if not fields:

@@ -1,0 +1,90 @@
+"""Which stored toolchains can serve this host, and in words why the others cannot.
+
+A bundle warmed on a CPU machine is only worth shipping if its kernels were made by the
+code generator a job here uses: the same FA4 and QuACK code, DSL version and CUDA flavor,
+arch, SM count and patches (:mod:`fa4cache.fingerprint`). ``bundle import``/``show``,
+``doctor`` and ``warm`` say so, naming the field, with the fix where there is one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Fields that are provenance or already implied by others: never a reason to miss.
+_NOT_REASONS = ("id", "runtime", "python", "format")
+_FIX = {
+    "dsl_cuda": "the CUTLASS DSL compiles with the newest CUDA flavor installed that the driver supports: "
+    "install the same flavor on both machines (`nvidia-cutlass-dsl[cu13]` for CUDA 13 drivers, plain "
+    "`nvidia-cutlass-dsl` (cu12) for CUDA 12 ones)",
+    "arch": "warm with --arch for this GPU",
+    "num_sms": "warm with FLASH_ATTENTION_NUM_SMS set to this GPU's SM count",
+    "patches": "both sides need the same FA4CACHE_INTERVAL_MASKING",
+}
+
+
+def host_toolchains() -> dict[str, dict[str, Any]]:
+    """The toolchains jobs here compile for (FA4's, and jit/QuACK kernels'), by id; empty
+    without a target arch (no GPU and no FLASH_ATTENTION_ARCH)."""
+    from fa4cache.adapters.flash_attn import expected_patches
+    from fa4cache.adapters.installation import job_toolchain
+    from fa4cache.arch import num_sms_or_none, resolved_arch
+    from fa4cache.fingerprint import toolchain
+
+    arch = resolved_arch()
+    if arch is None:
+        return {}
+    out = {}
+    for tc in (job_toolchain(expected_patches()), toolchain(arch, num_sms=num_sms_or_none())):
+        out[tc.id] = tc.describe()
+    return out
+
+
+def _flat(desc: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in desc.items():
+        if k in _NOT_REASONS:
+            continue
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}.{k2}"] = v2
+        else:
+            out[k] = v
+    return out
+
+
+def why_not(theirs: dict[str, Any] | None, mine: dict[str, dict[str, Any]], where: str) -> str:
+    """Why a toolchain described by ``theirs`` serves none of ``mine``: its differences from
+    the closest, in words, with the fix for the first field that has one."""
+    if not theirs:
+        return f"its description is not recorded in {where}"
+    if theirs.get("format") is None:
+        return (
+            "it was made by an older fa4cache, whose keys this one never looks up: "
+            "`fa4cache prune --fingerprint stale` removes it, `fa4cache warm` makes the kernels anew"
+        )
+    best: list[tuple[str, Any, Any]] | None = None
+    for desc in mine.values():
+        a, b = _flat(desc), _flat(theirs)
+        diffs = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        if best is None or len(diffs) < len(best):
+            best = diffs
+    if not best:
+        return "the same description under another id (another key format): `fa4cache warm` again here"
+    words = "; ".join(f"{k} {here!r} here, {there!r} in {where}" for k, here, there in best[:6])
+    fix = next((_FIX[k.split(".")[0]] for k, _, _ in best if k.split(".")[0] in _FIX), None)
+    return words + (f" (fix: {fix})" if fix else "")
+
+
+def fit_lines(toolchains: dict[str, dict[str, Any] | None], counts: dict[str, int], where: str) -> list[str]:
+    """One line per toolchain of ``where``: whether its kernels serve this host, and why not."""
+    mine = host_toolchains()
+    if not mine:
+        return ["this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it"]
+    lines = []
+    for tc, desc in sorted(toolchains.items()):
+        n = counts.get(tc, 0)
+        if tc in mine:
+            lines.append(f"{n} kernel(s) of toolchain {tc} can serve this host")
+        else:
+            lines.append(f"{n} kernel(s) of toolchain {tc} cannot serve this host: {why_not(desc, mine, where)}")
+    return lines
