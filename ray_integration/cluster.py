@@ -366,7 +366,7 @@ class ClusterTier:
                     self._warned_bad.add(ref.digest)
                     log.warning(
                         "fa4cache: node %s sent bytes for %s entry %s that do not match their "
-                        "checksum; not loading them",
+                        "key or checksum; not loading them",
                         node[:12],
                         ref.kind,
                         ref.digest[:16],
@@ -463,15 +463,17 @@ class ClusterTier:
 
 
 def verified(ref: EntryRef, got: Any) -> Artifact | None:
-    """An :class:`Artifact` if ``got`` is ``(sidecar bytes, data)`` for ``ref`` whose checksum
-    and size match; None for anything else."""
+    """An :class:`Artifact` if ``got`` is ``(sidecar bytes, data)`` for ``ref`` whose key text
+    hashes to ``ref``'s digest and whose checksum and size match; None for anything else."""
     if not (isinstance(got, tuple) and len(got) == 2):
         return None
     side, data = got
     if not isinstance(side, bytes) or not isinstance(data, bytes) or len(side) > MAX_SIDECAR_BYTES:
         return None
     sidecar = Sidecar.parse(side, ref)
-    if sidecar is None or not sidecar.matches(data):
+    # The key text must hash to the digest asked for: a peer's checksum only says that the
+    # bytes are the ones its sidecar names, not that they were compiled for this key.
+    if sidecar is None or sidecar.key_problem(required=True) or not sidecar.matches(data):
         return None
     return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier="cluster")
 

@@ -203,10 +203,15 @@ def test_bytes_that_do_not_match_their_sidecar_are_refused() -> None:
     seed = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
     rng = random.Random(seed)
     print("seed", seed)
-    ref = EntryRef("fa4e000000000000cafe", "fwd", "ab" * 32)
+    from fa4cache.hashing import key_digest
+
+    ref = EntryRef("fa4e000000000000cafe", "fwd", key_digest("fa4e000000000000cafe", "fwd", '"k"'))
     data = rng.randbytes(rng.randint(1, 4096))
-    side = Sidecar.for_data(ref, data, created=1.0).to_bytes()
+    side = Sidecar.for_data(ref, data, created=1.0, key='"k"').to_bytes()
     assert verified(ref, (side, data)) is not None
+    # Key text that does not hash to the digest asked for (or none at all): refused (issue 34).
+    for key in ('"other"', None):
+        assert verified(ref, (Sidecar.for_data(ref, data, created=1.0, key=key).to_bytes(), data)) is None
     for _ in range(50):
         bad = bytearray(data)
         bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
@@ -219,6 +224,67 @@ def test_bytes_that_do_not_match_their_sidecar_are_refused() -> None:
     assert (
         verified(ref, None) is None and verified(ref, (side,)) is None and verified(ref, ("x", data)) is None
     )
+
+
+class RogueServer:
+    """A node server that answers every fetch with bytes filed under another key: that key's
+    artifact and sidecar, the sidecar's digest field made to agree with the digest asked for."""
+
+    def __init__(self, sidecar: dict[str, Any], data: bytes) -> None:
+        self.sidecar, self.data = sidecar, data
+
+    def fetch(self, toolchain: str, kind: str, digest: str) -> tuple[bytes, bytes]:
+        import json
+
+        return json.dumps(dict(self.sidecar, digest=digest)).encode(), self.data
+
+
+@pytest.mark.parametrize("key", ["other-keys-text", "bogus-text", "no-key-text"])
+def test_a_node_that_files_bytes_under_another_key_is_not_taken(
+    cluster: Any, tmp_path: Path, key: str
+) -> None:
+    """Issue 34, finding 1: the review's node that served the mask=none kernel as the causal
+    one had it taken by 2 of 2 nodes. Its checksum is right; its key text is not the key's."""
+    import json
+
+    from fa4cache.ray_integration.cluster import NAMESPACE, REGISTRY, SERVER_PREFIX
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from fa4cache.hashing import encode_key, key_digest
+    from fa4cache.store.paths import Layout
+    from tests.fake_compiler import TOOLCHAIN
+
+    ray = _connect(cluster, tmp_path)
+    a_node, b_node, c_node = _nodes(ray)[:3]
+    (a,) = _workers(ray, [a_node])
+    first = ray.get(a.run.remote([32], ("fwd",)), timeout=120)
+    assert first["compiles"] == 1
+    ref32, ref33 = (
+        EntryRef(TOOLCHAIN.id, "fwd", key_digest(TOOLCHAIN.id, "fwd", encode_key(k))) for k in (32, 33)
+    )
+    lay = Layout(Path(first["root"]))
+    side = json.loads(lay.sidecar_path(ref32).read_bytes())
+    side["key"] = {"other-keys-text": side["key"], "bogus-text": "33", "no-key-text": None}[key]
+    name = f"{SERVER_PREFIX}rogue-{key}"
+    rogue = (
+        ray.remote(num_cpus=0)(RogueServer)
+        .options(
+            name=name, namespace=NAMESPACE, scheduling_strategy=NodeAffinitySchedulingStrategy(a_node, False)
+        )
+        .remote(side, lay.object_path(ref32).read_bytes())
+    )
+    ray.get(rogue.fetch.remote(ref33.toolchain, ref33.kind, ref33.digest), timeout=60)
+    reg = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+    ray.get(reg.announce.remote(ref33.digest, name, a_node), timeout=30)
+
+    b, c = _workers(ray, [b_node, c_node])
+    got = ray.get(b.run.remote([33], ("fwd",)), timeout=120)
+    assert got["values"] == [34] and got["compiles"] == 1 and got["remote_hits"] == 0, got  # never 33 + 32
+    assert any("do not match their key or checksum" in w for w in got["warnings"]), got["warnings"]
+    # The rogue was forgotten; a third node fetches the good copy B compiled.
+    late = ray.get(c.run.remote([33], ("fwd",)), timeout=120)
+    assert late["values"] == [34] and late["compiles"] == 0 and late["remote_hits"] == 1, late
+    ray.kill(rogue, no_restart=True)
 
 
 def _compile_real_fwd() -> dict[str, Any]:

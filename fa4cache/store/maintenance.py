@@ -217,6 +217,9 @@ def _check_entry(store: Store, ref: EntryRef) -> str | None:
     side = Sidecar.parse(read_checked(lay.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=mine), ref)
     if side is None:
         return "malformed sidecar"
+    unbound = side.key_problem(required=False)  # what a load would refuse (and quarantine)
+    if unbound:
+        return unbound
     data = read_checked(lay.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=mine, what="artifact")
     return None if side.matches(data) else "checksum mismatch"
 

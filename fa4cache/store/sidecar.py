@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fa4cache.hashing import sha256_bytes
+from fa4cache.hashing import key_digest, sha256_bytes
 from fa4cache.store.paths import EntryRef, is_digest
 
 FORMAT = 2
@@ -112,6 +112,26 @@ class Sidecar:
 
     def matches(self, data: bytes) -> bool:
         return len(data) == self.size and sha256_bytes(data) == self.sha256
+
+    def key_problem(self, *, required: bool) -> str | None:
+        """Why this sidecar's key text does not name its entry; None when it does.
+
+        The digest is a hash of the key text, so recomputing it binds the bytes to the key
+        they will be loaded for: a copy filed under another key (the causal kernel as the
+        ``mask=none`` entry) is refused, whatever its checksum. ``required``: an entry from
+        elsewhere (a cluster peer, a bundle, a base store) must carry its key text, since
+        without it nothing ties its bytes to its digest. Our own compiles may omit a very
+        long key (see ``Installation._export``); those never leave this store.
+        """
+        if self.key is None:
+            return "no key text, so nothing binds its bytes to its digest" if required else None
+        actual = key_digest(self.toolchain, self.kind, self.key)
+        if actual != self.digest:
+            return (
+                f"its key text hashes to {actual[:16]}, not to its digest {self.digest[:16]} "
+                "(bytes filed under another key)"
+            )
+        return None
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,21 @@ class Tier(Protocol):
 
 
 def read_entry(
-    layout: Layout, ref: EntryRef, trusted: frozenset[int], *, tier: str, dir_fd: int | None = None
+    layout: Layout,
+    ref: EntryRef,
+    trusted: frozenset[int],
+    *,
+    tier: str,
+    dir_fd: int | None = None,
+    require_key: bool | None = None,
 ) -> Artifact:
     """The entry's sidecar and artifact, each read from one descriptor and checked against
-    each other (opened relative to ``dir_fd``, the kind directory, when given). Raises
+    each other and against the entry's digest (the sidecar's key text must hash to it;
+    ``require_key``, by default for every tier but the local one: it must carry key text).
+    Opened relative to ``dir_fd``, the kind directory, when given. Raises
     FileNotFoundError (a miss), InsecurePath, :class:`Integrity` or OSError."""
+    if require_key is None:
+        require_key = tier != "local"
     try:
         side_bytes = read_checked(
             layout.sidecar_path(ref),
@@ -101,6 +111,9 @@ def read_entry(
         sidecar = Sidecar.parse(side_bytes, ref)
         if sidecar is None:
             raise Integrity("malformed sidecar")
+        unbound = sidecar.key_problem(required=require_key)
+        if unbound:
+            raise Integrity(unbound)
         try:
             data = read_checked(
                 layout.object_path(ref),
