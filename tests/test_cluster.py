@@ -361,6 +361,18 @@ def test_a_bundle_in_the_runtime_env_fills_every_node(cluster: Any, tmp_path: Pa
         assert o["compiles"] == 0 and o["remote_hits"] == 0 and o["disk_hits"] == 2 * len(KINDS), o
 
 
+@pytest.mark.parametrize("case", ["nested", "infinity"])
+def test_a_malformed_bundle_in_the_runtime_env_is_a_warning(cluster: Any, tmp_path: Path, case: str) -> None:
+    """Issue 34, finding 4: with FA4CACHE_BUNDLE naming such a file every Ray worker died
+    (RecursionError / OverflowError escaped the hook); now the worker lives, warns, compiles."""
+    from tests.test_security_keys import _malformed
+
+    bundle = _malformed(tmp_path)[case]
+    ray = _connect(cluster, tmp_path, FA4CACHE_BUNDLE=str(bundle))
+    (o,) = ray.get([w.run.remote([51], ("fwd",)) for w in _workers(ray, _nodes(ray)[:1])], timeout=120)
+    assert o["compiles"] == 1 and o["values"] == [52], o
+
+
 def test_node_killed_mid_compile_costs_at_most_one_extra_compile(cluster: Any, tmp_path: Path) -> None:
     from fa4cache.ray_integration.cluster import registry_info
 
