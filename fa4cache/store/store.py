@@ -288,11 +288,13 @@ class Store:
             try:
                 os.fchmod(fd, 0o600)  # the exporter created it under the process umask
                 os.fsync(fd)
+                ours = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
             os.replace(staged, self.layout.object_path(ref))
             fsync_dir(self.layout.kind_dir(ref))
             atomic_write(self.layout.sidecar_path(ref), sidecar.to_bytes())
+            self._withdraw_if_superseded(ref, ours)
         except (OSError, ValueError, InsecurePath) as e:
             unlink_quiet(staged)
             self._publish_failed(e)
@@ -302,6 +304,22 @@ class Store:
         if announce is not None:
             announce(ref)  # this node now holds a copy it can serve
         return True
+
+    def _withdraw_if_superseded(self, ref: EntryRef, ours: int) -> None:
+        """Where the key lock did not exclude (a filesystem whose flock is a no-op), another
+        publisher may have renamed its artifact in after ours: our sidecar would then vouch
+        for bytes it does not describe. Withdrawn, the entry is a miss, never a mismatch."""
+        try:
+            if os.lstat(self.layout.object_path(ref)).st_ino == ours:
+                return
+        except OSError:
+            pass
+        log.debug(
+            "fa4cache: %s entry %s was republished meanwhile; withdrawing our sidecar",
+            ref.kind,
+            ref.digest[:16],
+        )
+        unlink_quiet(self.layout.sidecar_path(ref))
 
     def publish_bytes(self, ref: EntryRef, data: bytes, **facts: Any) -> bool:
         """Publish verified bytes that came from elsewhere (a cluster peer, a bundle)."""

@@ -1,0 +1,87 @@
+"""Issue 34, finding 8: where file locks do not exclude (a filesystem whose flock is a no-op),
+a reader must never take an entry being replaced for a corrupt one.
+
+Real processes on a real store: writers republish one entry with two different (valid)
+contents, readers load it, all with ``fcntl.flock`` made a no-op, as on such a filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4cache.store.store import Store
+
+from .conftest import ROOT, worker_env
+from .fake_compiler import FakeFA4
+
+SECONDS = 6.0
+_COMMON = """
+import fcntl, json, sys, time
+fcntl.flock = lambda fd, op: None  # a lock that never excludes
+from fa4cache.store.store import Store
+store = Store(cache_dir=sys.argv[1])
+(info,) = list(store.layout.iter_entries())
+ref = info.ref
+good = bytes.fromhex(sys.argv[3])
+a = None
+while a is None or a.data != good:  # the others may be republishing already
+    a = store.load(ref)
+other = b"republished " * 300
+end = time.monotonic() + float(sys.argv[2])
+"""
+WRITER = (
+    _COMMON
+    + """
+n = 0
+while time.monotonic() < end:
+    store.publish_bytes(ref, good if n % 2 else other, **a.sidecar.facts())
+    n += 1
+print(json.dumps({"published": n}))
+"""
+)
+READER = (
+    _COMMON
+    + """
+seen = {"good": 0, "other": 0, "miss": 0, "wrong": 0}
+while time.monotonic() < end:
+    art = store.load(ref)
+    k = "miss" if art is None else "good" if art.data == good else "other" if art.data == other else "wrong"
+    seen[k] += 1
+print(json.dumps(seen))
+"""
+)
+
+
+@pytest.mark.slow
+def test_without_working_locks_republishing_quarantines_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(cache_dir=root)
+    FakeFA4(store).call(1, 0)
+    (info,) = list(store.layout.iter_entries())
+    good = store.load(info.ref).data.hex()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(root), str(SECONDS), good],
+            cwd=ROOT,
+            env=worker_env(root),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for code in (WRITER, WRITER, READER, READER)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=SECONDS + 120)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.splitlines()[-1]))
+    quarantined = sorted(q.name for q in (root / "quarantine").iterdir() if q.suffix == ".o")
+    loads = {k: sum(o.get(k, 0) for o in outs[2:]) for k in ("good", "other", "miss", "wrong")}
+    print("published", sum(o["published"] for o in outs[:2]), "loads", loads, "quarantined", len(quarantined))
+    assert loads["wrong"] == 0 and loads["good"] + loads["other"] > 0, loads
+    assert quarantined == [], quarantined
