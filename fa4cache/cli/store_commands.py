@@ -60,6 +60,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ),
         ("Load time", f"{st['load_seconds']:.3f} s"),
         ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
+        (
+            "Temp files",
+            f"{st['temp_files']} ({human(st['temp_bytes'])}; publishes in progress or killed writers')",
+        ),
         ("Refused (insecure)", str(st["insecure"])),
         ("Publish errors", str(st["publish_errors"])),
         (

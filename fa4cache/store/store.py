@@ -28,6 +28,7 @@ from .locks import KeyLocks
 from .root import open_root, usable_base
 from .secure_io import (
     atomic_write,
+    clean_stale_tmp,
     fsync_dir,
     makedirs_private,
     only_me,
@@ -57,6 +58,7 @@ class Store:
         self._touches: dict[EntryRef, float] = {}
         self._touch_lock = threading.Lock()
         self._toolchains_used: set[str] = set()
+        self._cleaned: set[Path] = set()
         self.root, self.writable = open_root(self.settings, self._warn_once)
         self.layout = Layout(self.root)
         self.locks = KeyLocks(self.layout.locks_dir)
@@ -266,6 +268,11 @@ class Store:
         except OSError as e:
             self._publish_failed(e)
             return None
+        if d not in self._cleaned:
+            # Once per process and directory: temp files of writers killed mid-publish
+            # would otherwise stay until a prune, outside every count.
+            self._cleaned.add(d)
+            clean_stale_tmp(d)
         return tmp_name(self.layout.object_path(ref))
 
     def publish(self, ref: EntryRef, staged: Path, **facts: Any) -> bool:
