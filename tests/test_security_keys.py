@@ -313,3 +313,21 @@ def test_import_holds_one_artifact_in_memory_at_a_time(tmp_path: Path) -> None:
     # One 16 MiB artifact, its copy read back by the publisher and the inflated pieces:
     # well under the 128 MiB of all eight.
     assert out["grew_mib"] < 64, out
+
+
+def test_key_text_over_the_sidecar_read_limit_is_refused_at_import(tmp_path: Path) -> None:
+    """Finding 6: such an entry was 'imported', then quarantined at its first load."""
+    f = tmp_path / "k.fa4b"
+    key = json.dumps("x" * (300 << 10))  # bound to its digest, but its sidecar is over 256 KiB
+    craft_bundle(f, [b"k" * 100], [(key, 0)])
+    with pytest.raises(BundleError, match="sidecar over the store's 256 KiB limit"):
+        import_bundle(Store(cache_dir=tmp_path / "b"), f)
+    assert list(Layout(tmp_path / "b").iter_entries()) == []
+
+
+def test_a_sidecar_the_store_would_not_read_is_not_published(tmp_path: Path) -> None:
+    store = Store(cache_dir=tmp_path / "s")
+    key = json.dumps("x" * (300 << 10))
+    ref = EntryRef(TOOLCHAIN.id, "fwd", key_digest(TOOLCHAIN.id, "fwd", key))
+    assert not store.publish_bytes(ref, b"k" * 100, key=key)
+    assert list(Layout(tmp_path / "s").iter_entries()) == [] and store.load(ref) is None

@@ -288,6 +288,11 @@ class Store:
             if not data:
                 raise OSError(f"exporter wrote an empty file {staged}")
             sidecar = Sidecar.for_data(ref, data, created=time.time(), host=socket.gethostname(), **facts)
+            side_bytes = sidecar.to_bytes()
+            if len(side_bytes) > MAX_SIDECAR_BYTES:  # every reader would refuse it: a miss forever
+                raise ValueError(
+                    f"sidecar of {len(side_bytes)} bytes is over the {MAX_SIDECAR_BYTES} byte read limit"
+                )
             # The old sidecar goes first: a crash after that leaves an artifact without
             # a sidecar (a miss), never a sidecar that vouches for other bytes.
             unlink_quiet(self.layout.sidecar_path(ref))
@@ -300,7 +305,7 @@ class Store:
                 os.close(fd)
             os.replace(staged, self.layout.object_path(ref))
             fsync_dir(self.layout.kind_dir(ref))
-            atomic_write(self.layout.sidecar_path(ref), sidecar.to_bytes())
+            atomic_write(self.layout.sidecar_path(ref), side_bytes)
             self._withdraw_if_superseded(ref, ours)
         except (OSError, ValueError, InsecurePath) as e:
             unlink_quiet(staged)
