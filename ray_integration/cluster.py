@@ -231,6 +231,7 @@ class ClusterTier:
         # that never join a cluster; the first lookup connects.
         self.store = store
         self.last_fetch_seconds = 0.0
+        self.last_source = ""  # the node the last fetch came from (a copy's provenance)
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
         self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -374,6 +375,7 @@ class ClusterTier:
                 self._call_quiet(reg.forget.remote(ref.digest, server))
                 continue
             self.last_fetch_seconds = time.perf_counter() - t0
+            self.last_source = f"cluster node {node} ({server})"
             return art
         return None
 

@@ -284,6 +284,13 @@ def test_a_node_that_files_bytes_under_another_key_is_not_taken(
     # The rogue was forgotten; a third node fetches the good copy B compiled.
     late = ray.get(c.run.remote([33], ("fwd",)), timeout=120)
     assert late["values"] == [34] and late["compiles"] == 0 and late["remote_hits"] == 1, late
+    # Its copy says who compiled it (B's process) and where it came from (B's node).
+    side_c = json.loads(
+        (Path(late["root"]) / LAYOUT / ref33.toolchain / "fwd" / f"{ref33.digest}.json").read_text()
+    )
+    assert side_c["received"].startswith(f"cluster node {b_node[:12]}") and side_c["origin"]["pid"] > 0, (
+        side_c
+    )
     ray.kill(rogue, no_restart=True)
 
 

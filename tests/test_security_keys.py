@@ -331,3 +331,20 @@ def test_a_sidecar_the_store_would_not_read_is_not_published(tmp_path: Path) -> 
     ref = EntryRef(TOOLCHAIN.id, "fwd", key_digest(TOOLCHAIN.id, "fwd", key))
     assert not store.publish_bytes(ref, b"k" * 100, key=key)
     assert list(Layout(tmp_path / "s").iter_entries()) == [] and store.load(ref) is None
+
+
+def test_provenance_who_compiled_where_and_how_a_copy_arrived(tmp_path: Path) -> None:
+    import getpass
+    import os
+    import socket
+
+    fill(tmp_path / "a", [1])
+    side = Store(cache_dir=tmp_path / "a").load(ref_of(1)).sidecar
+    assert side.origin is not None and side.received is None
+    assert side.origin["uid"] == os.getuid() and side.origin["host"] == socket.gethostname()
+    assert side.origin["user"] == getpass.getuser() and side.origin["pid"] == os.getpid()  # compiled here
+    export_bundle(tmp_path / "a", tmp_path / "k.fa4b")
+    import_bundle(Store(cache_dir=tmp_path / "b"), tmp_path / "k.fa4b")
+    copy = Store(cache_dir=tmp_path / "b").load(ref_of(1)).sidecar
+    assert copy.origin == side.origin  # who compiled it travels with every copy
+    assert copy.received is not None and copy.received.startswith(f"bundle {tmp_path / 'k.fa4b'} made by ")

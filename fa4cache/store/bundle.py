@@ -346,9 +346,9 @@ def _parse_entry(e: Any, blobs: dict[str, tuple[int, int, int]]) -> Entry:
     sidecar = Sidecar.parse(json.dumps(e["sidecar"]).encode(), ref)
     if sidecar is None:
         raise ValueError(f"{name} has an invalid sidecar")
-    # Published, it gets this host's name and time: keep room for them under the read limit,
+    # Published, it gets this host's name, time and arrival: keep room for them under the limit,
     # or the store would refuse to read what the import said it imported.
-    if len(sidecar.to_bytes()) > MAX_SIDECAR_BYTES - 1024:
+    if len(sidecar.to_bytes()) > MAX_SIDECAR_BYTES - 2048:
         raise ValueError(f"{name} has a sidecar over the store's {MAX_SIDECAR_BYTES // 1024} KiB limit")
     unbound = sidecar.key_problem(required=True)
     if unbound:
@@ -507,6 +507,8 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
                 store.record_toolchain(tc, desc)
         imported: list[EntryRef] = []
         present = busy = 0
+        by = f"{m.producer.get('user', '?')}@{m.producer.get('host', '?')}"
+        received = f"bundle {path} made by {by}"[:1024]
         try:
             for e, data in iter_verified(f, path, m):  # read again: what is published is what was checked
                 local = store.local.get(e.ref) if store.local is not None else None
@@ -523,7 +525,7 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
                 try:
                     if store.local.get(e.ref) is not None:
                         present += 1
-                    elif store.publish_bytes(e.ref, data, **e.sidecar.facts()):
+                    elif store.publish_bytes(e.ref, data, received=received, **e.sidecar.facts()):
                         imported.append(e.ref)
                     else:
                         raise BundleError(f"cannot write to {store.root} (see the warning above)")

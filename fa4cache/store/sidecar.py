@@ -63,6 +63,10 @@ class Sidecar:
     key: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
+    # Provenance, for people (nothing trusts it): who compiled the kernel, where, with what
+    # (kept by every copy), and how this copy arrived (a bundle, a cluster peer).
+    origin: dict[str, Any] | None = None
+    received: str | None = None
 
     @classmethod
     def for_data(cls, ref: EntryRef, data: bytes, **facts: Any) -> Sidecar:
@@ -91,6 +95,11 @@ class Sidecar:
             and isinstance(obj.get("summary", {}), dict)
             and _plain(obj.get("summary", {}))
             and (obj.get("spec") is None or (isinstance(obj["spec"], dict) and _plain(obj["spec"])))
+            and (obj.get("origin") is None or (isinstance(obj["origin"], dict) and _plain(obj["origin"])))
+            and (
+                obj.get("received") is None
+                or (isinstance(obj["received"], str) and len(obj["received"]) <= 1024)
+            )
         )
         if not ok:
             return None
@@ -98,13 +107,15 @@ class Sidecar:
         return cls(**{k: v for k, v in obj.items() if k in names})
 
     def facts(self) -> dict[str, Any]:
-        """What a republished copy (fetched from a cluster peer or a bundle) carries over."""
+        """What a republished copy (fetched from a cluster peer or a bundle) carries over
+        (not ``received``: each copy says how it arrived)."""
         return {
             "compile_seconds": self.compile_seconds,
             "tvm_ffi": self.tvm_ffi,
             "key": self.key,
             "summary": dict(self.summary),
             "spec": self.spec,
+            "origin": self.origin,
         }
 
     def to_bytes(self) -> bytes:

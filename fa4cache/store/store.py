@@ -174,7 +174,8 @@ class Store:
             if tier is self.remote:
                 self.counters.add("remote_hits")
                 self.counters.add("remote_seconds", getattr(tier, "last_fetch_seconds", 0.0))
-                self.publish_bytes(ref, art.data, **art.sidecar.facts())
+                via = getattr(tier, "last_source", "") or tier.name
+                self.publish_bytes(ref, art.data, received=f"{via}"[:1024], **art.sidecar.facts())
             return art
         return None
 
@@ -287,6 +288,8 @@ class Store:
             )
             if not data:
                 raise OSError(f"exporter wrote an empty file {staged}")
+            facts.setdefault("origin", None)
+            facts["origin"] = facts["origin"] or _origin()  # kept from the copy it came from
             sidecar = Sidecar.for_data(ref, data, created=time.time(), host=socket.gethostname(), **facts)
             side_bytes = sidecar.to_bytes()
             if len(side_bytes) > MAX_SIDECAR_BYTES:  # every reader would refuse it: a miss forever
@@ -353,6 +356,20 @@ class Store:
         self._warn_once(
             "publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only"
         )
+
+
+def _origin() -> dict[str, Any]:
+    """Who compiled a kernel published here first, where, with which fa4cache."""
+    from fa4cache.settings import user_name
+    from fa4cache.version import __version__
+
+    return {
+        "user": user_name()[:64],
+        "uid": os.getuid() if hasattr(os, "getuid") else -1,
+        "host": socket.gethostname()[:255],
+        "pid": os.getpid(),
+        "fa4cache": __version__,
+    }
 
 
 class _LeasedLock:
