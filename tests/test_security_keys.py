@@ -348,3 +348,78 @@ def test_provenance_who_compiled_where_and_how_a_copy_arrived(tmp_path: Path) ->
     copy = Store(cache_dir=tmp_path / "b").load(ref_of(1)).sidecar
     assert copy.origin == side.origin  # who compiled it travels with every copy
     assert copy.received is not None and copy.received.startswith(f"bundle {tmp_path / 'k.fa4b'} made by ")
+
+
+_HOSTILE: list[Any] = [
+    None,
+    True,
+    -1,
+    0,
+    2**70,
+    1.5,
+    float("inf"),  # written as Infinity
+    -float("inf"),
+    float("nan"),
+    1e308,
+    "",
+    "x" * 5000,
+    [],
+    {},
+    [[[]]],
+    {"a": {"b": {}}},
+    "../../etc",
+]
+
+
+def _leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(obj, dict):
+        return [path] + [p for k, v in obj.items() for p in _leaves(v, (*path, k))]
+    if isinstance(obj, list):
+        return [path] + [p for i, v in enumerate(obj) for p in _leaves(v, (*path, i))]
+    return [path]
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    obj[path[0]] = _set(obj[path[0]], path[1:], value)
+    return obj
+
+
+def test_every_field_of_a_manifest_replaced_by_hostile_values_is_a_bundle_error_or_harmless(
+    tmp_path: Path,
+) -> None:
+    """Finding 4, as a battery: each field (and each object and list) of a real manifest
+    replaced by each hostile value; import either refuses the bundle with a BundleError or
+    imports entries that still load as the right kernels, never another exception."""
+    import copy
+    import random
+
+    fill(tmp_path / "a", [1, 2])
+    good = tmp_path / "good.fa4b"
+    export_bundle(tmp_path / "a", good)
+    blob = good.read_bytes()
+    _, mlen, _ = _HEAD.unpack(blob[: _HEAD.size])
+    manifest = json.loads(zlib.decompress(blob[_HEAD.size : _HEAD.size + mlen]))
+    data = blob[_HEAD.size + mlen :]
+    rng = random.Random(0)
+    paths = _leaves(manifest)
+    cases = refused = imported = 0
+    bad = tmp_path / "bad.fa4b"
+    for path in paths:
+        for value in rng.sample(_HOSTILE, 5):
+            m = _set(copy.deepcopy(manifest), path, copy.deepcopy(value))
+            seal(bad, json.dumps(m).encode(), data)
+            dst = tmp_path / f"d{cases}"
+            cases += 1
+            try:
+                r = import_bundle(Store(cache_dir=dst), bad)
+            except BundleError:
+                refused += 1
+                assert list(Layout(dst).iter_entries()) == [], path
+                continue
+            imported += 1
+            fa = FakeFA4(Store(cache_dir=dst), "fwd")
+            assert [fa.call(k, 1) for k in (1, 2)] == [2, 3], (path, value, r)
+    print(f"{cases} hostile manifests ({len(paths)} fields): {refused} refused, {imported} harmless imports")
+    assert refused > 0
