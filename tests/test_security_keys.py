@@ -423,3 +423,42 @@ def test_every_field_of_a_manifest_replaced_by_hostile_values_is_a_bundle_error_
             assert [fa.call(k, 1) for k in (1, 2)] == [2, 3], (path, value, r)
     print(f"{cases} hostile manifests ({len(paths)} fields): {refused} refused, {imported} harmless imports")
     assert refused > 0
+
+
+@pytest.mark.compile
+def test_verify_rebuild_finds_bytes_filed_under_their_right_key(tmp_path: Path) -> None:
+    """What the key check cannot see: another kernel's bytes under an entry's own key text
+    (a producer that compiled wrong, or lied). A rebuild on this machine compares the bytes."""
+    from .conftest import run_worker
+
+    root = tmp_path / "warm"
+    run_worker(root, "compile", "--mask", "document", "--seqlen", "512", "--no-backward")
+    run_worker(root, "compile", "--mask", "causal", "--seqlen", "512", "--no-backward")
+    r = run_cli(root, "verify", "--rebuild")
+    print(r.stdout)
+    assert r.returncode == 0 and "2 identical, 0 DIFFERENT" in r.stdout, (r.stdout, r.stderr[-2000:])
+    # The causal kernel's bytes as the document entry, its sidecar's checksum made to agree.
+    lay = Layout(root)
+    doc, causal = sorted(
+        lay.iter_entries(),
+        key=lambda e: json.loads(lay.sidecar_path(e.ref).read_bytes())["spec"]["mask"] != "document",
+    )
+    side = json.loads(lay.sidecar_path(doc.ref).read_bytes())
+    data = lay.object_path(causal.ref).read_bytes()
+    side.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    lay.object_path(doc.ref).write_bytes(data)
+    lay.sidecar_path(doc.ref).write_bytes(json.dumps(side).encode())
+    assert run_cli(root, "verify").returncode == 0  # every check of the key and checksum passes
+    r = run_cli(root, "verify", "--rebuild", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and [e["digest"] for e in out["rebuild"]["different"]] == [doc.ref.digest], out
+    # The same through a bundle: imported (its checks pass), rebuilt, the bad entry quarantined.
+    bundle = tmp_path / "k.fa4b"
+    assert export_bundle(root, bundle).entries == 2
+    node = tmp_path / "node"
+    r = run_cli(node, "bundle", "import", "--verify", str(bundle))
+    assert r.returncode == 1 and "1 identical, 1 DIFFERENT (quarantined)" in r.stdout, (
+        r.stdout,
+        r.stderr[-2000:],
+    )
+    assert Store(cache_dir=node).load(doc.ref) is None and Store(cache_dir=node).load(causal.ref) is not None

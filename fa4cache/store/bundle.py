@@ -98,6 +98,7 @@ class ImportReport:
     busy: int
     producer: dict[str, Any] = field(default_factory=dict)
     toolchains: tuple[str, ...] = ()
+    imported_refs: tuple[EntryRef, ...] = ()
 
 
 # --------------------------------------------------------------------------- export
@@ -545,4 +546,5 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
         busy=busy,
         producer=m.producer,
         toolchains=tuple(m.toolchains),
+        imported_refs=tuple(imported),
     )
