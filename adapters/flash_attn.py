@@ -25,7 +25,7 @@ from fa4cache.store import counters as _counters
 from fa4cache.store import installed as runtime
 from fa4cache.store.store import Store
 
-from . import compile_cache, cross_compile, fa4_interval_masking, fa4_keys, mask_tiles
+from . import compile_cache, cross_compile, dsl_caches, fa4_interval_masking, fa4_keys, mask_tiles
 from .compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 from .import_hook import PostImportHook
 from .installation import Installation, _Patch
@@ -133,6 +133,7 @@ def install(cache_dir: str | os.PathLike[str] | None = None, **options: Any) -> 
     ``FA4CACHE_DISABLE=1`` makes it a no-op that still returns a store object.
     """
     global _installed, _finder
+    dsl_caches.close()  # before FA4 and the DSL are imported here, or by a compile worker
     settings = Settings.from_env(cache_dir, **options)
     with _state_lock:
         if _installed is not None:

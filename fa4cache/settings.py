@@ -79,6 +79,13 @@ def parse_choice(*choices: str) -> Callable[..., str]:
     return parse
 
 
+def parse_count(text: str, *, setting: str) -> int:
+    v = str(text).strip()
+    if not v.isdigit() or len(v) > 15 or int(v) < 1:
+        raise ConfigError(f"{setting}: expected a whole number >= 1, got {text!r}")
+    return int(v)
+
+
 def parse_text(text: str, *, setting: str) -> str:
     return str(text).strip()
 
@@ -169,6 +176,13 @@ SETTINGS: tuple[Setting, ...] = (
             "the registry or a peer may take before this process compiles locally (one warning)"),
     Setting("FA4CACHE_BUNDLE", parse_text, None, "a bundle file (`fa4cache bundle export`) that the Ray hook "
             "imports into each node's store at worker start (verified; a bad bundle is refused whole)"),
+    Setting("FA4CACHE_BUNDLE_MAX_SIZE", parse_size, 32 << 30, "bundle import: most bytes of artifacts "
+            "one bundle may write (summed over its entries, decompressed); a bundle over it is refused "
+            "whole, as is one that would write more than 64 times its own size"),
+    Setting("FA4CACHE_BUNDLE_MAX_ENTRIES", parse_count, 20000, "bundle import: most entries one bundle "
+            "may hold (a kernel set is 4)"),
+    Setting("FA4CACHE_BUNDLE_MAX_MANIFEST", parse_size, 64 << 20, "bundle import: largest manifest "
+            "(decompressed JSON; a few KiB per entry)"),
     Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
     Setting("FA4CACHE_NODE_ID", parse_text, None, "the `{node_id}` placeholder (default: the Ray node id, "
             "else the hostname)", job=False),

@@ -1,32 +1,40 @@
-"""Compile once per Ray cluster: a registry actor, a server actor per node, and the store tier.
+"""Compile once per Ray job: a registry actor, a server actor per node, and the store tier.
 
 ``fa4cache.env(cache_dir, cluster=True)`` sets ``FA4CACHE_REMOTE_TIER`` to
 :class:`ClusterTier`, so every worker's :class:`~fa4cache.store.Store` asks the cluster
-after its own directory and its base stores. Three pieces:
+after its own directory and its base stores. Three pieces, all of one job:
 
-* :class:`Registry`, the named actor ``fa4cache-registry`` (namespace ``fa4cache``, detached,
-  on the head node, restarted by Ray if it crashes). It holds soft state only: which node
-  servers hold which entry digest, and who is compiling which digest (a *lease* with a
-  deadline that its holder renews while it compiles). A lease passes to a waiting node when
-  its holder's node is dead or its deadline passed. After a restart the registry is empty;
+* :class:`Registry`, the named actor ``fa4cache-registry:<job id>`` (namespace ``fa4cache``,
+  detached, on the head node, restarted by Ray if it crashes). It holds soft state only: which
+  node servers of its job hold which entry digest, and who is compiling which digest (a *lease*
+  with a deadline that its holder renews while it compiles). A lease passes to a waiting node
+  when its holder's node is dead or its deadline passed. After a restart the registry is empty;
   nodes announce their inventories again when they notice (a new ``epoch``).
-* :class:`NodeServer`, one per node and store directory (``fa4cache-node:<node>:<dir hash>``):
-  serves the bytes of its node's local store, read and verified like any local load, and
-  counts what it served. Every node that holds a copy announces it, so no kernel depends on
-  one process staying alive.
+* :class:`NodeServer`, one per node and store directory
+  (``fa4cache-node:<job id>:<node>:<dir hash>``): serves the bytes of its node's local store,
+  read and verified like any local load, and counts what it served. Every node that holds a
+  copy announces it, so no kernel depends on one process staying alive.
 * :class:`ClusterTier`, the remote tier in each worker. On a local miss it asks the registry
   for holders, fetches from one (trying the next on any failure) and verifies the bytes against
-  the sidecar that came with them; the store publishes them locally (and this node becomes a
-  holder) before they load. Before a compile, :meth:`ClusterTier.acquire` takes the lease or
-  waits for the node that has it.
+  the sidecar that came with them, and the sidecar's key text against the digest it asked for;
+  the store publishes them locally (and this node becomes a holder) before they load. Before a
+  compile, :meth:`ClusterTier.acquire` takes the lease or waits for the node that has it.
 
 Every Ray call has a timeout (``FA4CACHE_CLUSTER_TIMEOUT``). Any failure to reach the registry
 means a local compile, one warning per process, and no cluster calls for a minute; nothing
 waits longer than the store's own lock timeout. Processes without ``FA4CACHE_REMOTE_TIER``, or
 not connected to Ray, never touch any of this.
 
-Trust: the cluster is the trust boundary. Whoever can submit a job runs code on every node
-already; checksums here catch corruption in transit or on disk, not a malicious peer.
+Trust: the job is the trust boundary. Whoever can submit this job's code runs it on every node
+already. Actors of other jobs are not: the registry and servers are named for their job and
+end with it (:func:`end_with_job`, within seconds, a driver killed with SIGKILL too), the
+registry takes announcements only from server names of its job, and a worker talks only to
+actors that its own job created (Ray's actor ids name the creating job), so an earlier job's
+leftovers, or another user's actor that took one of these names first, never serve this one.
+Kernels persist across jobs in the node-local stores on disk, which each job's servers serve.
+Within a job, checksums and the key check catch corruption and bytes filed under another key;
+a peer of the same job that compiles wrong bytes for the right key is not caught (provenance in
+each copy's sidecar says which node and process it came from).
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ SERVER_PREFIX = "fa4cache-node:"
 HEAD_RESOURCE = "node:__internal_head__"
 RETRY_AFTER = 60.0  # seconds without cluster calls after a failure
 _WAIT_SLICE = 5.0  # one registry wait; the lease is asked again after each
+JOB_WATCH_SECONDS = 5.0  # how often a registry or server checks that its job still runs
 
 
 def _now() -> float:
@@ -66,7 +75,13 @@ class Registry:
     """Who holds which digest, who compiles which: the cluster's soft state (an async actor)."""
 
     def __init__(self) -> None:
+        import ray
+
         self.epoch = secrets.token_hex(8)
+        # Holders are servers of this job only: any actor of the namespace could be named here.
+        self.prefix = server_prefix(ray.get_runtime_context().get_job_id())
+        self.refused = 0
+        end_with_job()
         self.holders: dict[str, dict[str, str]] = {}  # digest -> {server name: node id}
         self.leases: dict[str, tuple[str, str, float]] = {}  # digest -> (owner, node id, deadline)
         self.events: dict[str, asyncio.Event] = {}
@@ -102,6 +117,9 @@ class Registry:
         self.holders.get(digest, {}).pop(server, None)
 
     async def announce(self, digest: str, server: str, node: str) -> str:
+        if not server.startswith(self.prefix):
+            self.refused += 1  # another job's server, or an actor that is none
+            return self.epoch
         self.holders.setdefault(digest, {})[server] = node
         self.leases.pop(digest, None)  # a holder makes the lease moot
         self._changed(digest)
@@ -161,6 +179,7 @@ class Registry:
             "leases": len(self.leases),
             "granted": self.granted,
             "handovers": self.handovers,
+            "refused": self.refused,
         }
 
 
@@ -174,6 +193,7 @@ class NodeServer:
         # Its own store on the same directory, without a remote tier: a server never asks
         # the cluster for anything.
         self.store = Store(Settings.from_env(root, remote_tier=None))
+        end_with_job()
         self.announce_inventory()
 
     def fetch(self, toolchain: str, kind: str, digest: str) -> tuple[bytes, bytes] | None:
@@ -194,7 +214,7 @@ class NodeServer:
         import ray
 
         try:
-            reg = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+            reg = ray.get_actor(registry_name(ray.get_runtime_context().get_job_id()), namespace=NAMESPACE)
             name = ray.get_runtime_context().get_actor_name() or ""
             node = ray.get_runtime_context().get_node_id()
             return int(
@@ -208,8 +228,51 @@ class NodeServer:
             return 0
 
 
-def server_name(node_id: str, root: os.PathLike[str] | str) -> str:
-    return f"{SERVER_PREFIX}{node_id}:{hashlib.sha256(os.fspath(root).encode()).hexdigest()[:12]}"
+def registry_name(job_id: str) -> str:
+    return f"{REGISTRY}:{job_id}"
+
+
+def server_prefix(job_id: str) -> str:
+    return f"{SERVER_PREFIX}{job_id}:"
+
+
+def server_name(node_id: str, root: os.PathLike[str] | str, job_id: str) -> str:
+    return f"{server_prefix(job_id)}{node_id}:{hashlib.sha256(os.fspath(root).encode()).hexdigest()[:12]}"
+
+
+def actor_job(handle: Any) -> str | None:
+    """The job that created the actor behind ``handle`` (Ray's actor ids embed it)."""
+    try:
+        return handle._actor_id.job_id.hex()
+    except Exception:
+        return None
+
+
+def _job_over(job_id: str) -> bool:
+    try:
+        from ray._private.state import state
+
+        return any(j.get("JobID") == job_id and j.get("IsDead") for j in state.job_table())
+    except Exception:  # cannot tell: keep serving (the cluster going away ends us anyway)
+        return False
+
+
+def end_with_job(every: float = JOB_WATCH_SECONDS) -> None:
+    """Kill this (detached) actor, without restart, once the job that made it is over,
+    however it ended (a driver killed with SIGKILL too): a later job gets servers of its own
+    and never an earlier job's leftovers."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    job, me = ctx.get_job_id(), ctx.current_actor
+
+    def watch() -> None:
+        while not _job_over(job):
+            time.sleep(every)
+        log.info("fa4cache: job %s is over; %s exits", job, ctx.get_actor_name())
+        ray.kill(me, no_restart=True)
+
+    threading.Thread(target=watch, name="fa4cache-job-watch", daemon=True).start()
 
 
 def _ray() -> Any | None:
@@ -231,6 +294,7 @@ class ClusterTier:
         # that never join a cluster; the first lookup connects.
         self.store = store
         self.last_fetch_seconds = 0.0
+        self.last_source = ""  # the node the last fetch came from (a copy's provenance)
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
         self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -239,6 +303,7 @@ class ClusterTier:
         self._server: Any = None
         self._server_name = ""
         self._node = ""
+        self._job = ""
         self._epoch: str | None = None
         self._down_until = 0.0
         self._warned = False
@@ -269,10 +334,11 @@ class ClusterTier:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._node = ray.get_runtime_context().get_node_id()
+        self._job = ray.get_runtime_context().get_job_id()
         registry = (
             ray.remote(Registry)
             .options(
-                name=REGISTRY,
+                name=registry_name(self._job),
                 namespace=NAMESPACE,
                 lifetime="detached",
                 get_if_exists=True,
@@ -283,7 +349,7 @@ class ClusterTier:
             )
             .remote()
         )
-        self._server_name = server_name(self._node, self.store.root)
+        self._server_name = server_name(self._node, self.store.root, self._job)
         self._server = (
             ray.remote(NodeServer)
             .options(
@@ -297,7 +363,15 @@ class ClusterTier:
             )
             .remote(str(self.store.root))
         )
+        for name, h in ((registry_name(self._job), registry), (self._server_name, self._server)):
+            self._own(name, h)  # get_if_exists hands back whoever took the name first
         return registry
+
+    def _own(self, name: str, handle: Any) -> None:
+        """Refuse an actor of that name that another job created (names are cluster-wide)."""
+        job = actor_job(handle)
+        if job != self._job:
+            raise RuntimeError(f"actor {name} belongs to job {job}, not to this job {self._job}")
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:
@@ -336,7 +410,11 @@ class ClusterTier:
         if h is None:
             import ray
 
-            h = self._handles[name] = ray.get_actor(name, namespace=NAMESPACE)
+            if not name.startswith(server_prefix(self._job)):
+                raise RuntimeError(f"{name} is not a node server of this job")
+            h = ray.get_actor(name, namespace=NAMESPACE)
+            self._own(name, h)
+            self._handles[name] = h
         return h
 
     # -- the Tier protocol ------------------------------------------------------------
@@ -366,7 +444,7 @@ class ClusterTier:
                     self._warned_bad.add(ref.digest)
                     log.warning(
                         "fa4cache: node %s sent bytes for %s entry %s that do not match their "
-                        "checksum; not loading them",
+                        "key or checksum; not loading them",
                         node[:12],
                         ref.kind,
                         ref.digest[:16],
@@ -374,6 +452,7 @@ class ClusterTier:
                 self._call_quiet(reg.forget.remote(ref.digest, server))
                 continue
             self.last_fetch_seconds = time.perf_counter() - t0
+            self.last_source = f"cluster node {node} ({server})"
             return art
         return None
 
@@ -463,27 +542,31 @@ class ClusterTier:
 
 
 def verified(ref: EntryRef, got: Any) -> Artifact | None:
-    """An :class:`Artifact` if ``got`` is ``(sidecar bytes, data)`` for ``ref`` whose checksum
-    and size match; None for anything else."""
+    """An :class:`Artifact` if ``got`` is ``(sidecar bytes, data)`` for ``ref`` whose key text
+    hashes to ``ref``'s digest and whose checksum and size match; None for anything else."""
     if not (isinstance(got, tuple) and len(got) == 2):
         return None
     side, data = got
     if not isinstance(side, bytes) or not isinstance(data, bytes) or len(side) > MAX_SIDECAR_BYTES:
         return None
     sidecar = Sidecar.parse(side, ref)
-    if sidecar is None or not sidecar.matches(data):
+    # The key text must hash to the digest asked for: a peer's checksum only says that the
+    # bytes are the ones its sidecar names, not that they were compiled for this key.
+    if sidecar is None or sidecar.key_problem(required=True) or not sidecar.matches(data):
         return None
     return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier="cluster")
 
 
 def shutdown() -> int:
-    """Kill the registry and every node server (e.g. between jobs that should not share);
+    """Kill every job's registry and node servers now (they also end with their job);
     returns how many actors were killed. Needs a connected Ray."""
     import ray
 
     n = 0
     for a in ray.util.list_named_actors(all_namespaces=True):
-        if a.get("namespace") == NAMESPACE and (a["name"] == REGISTRY or a["name"].startswith(SERVER_PREFIX)):
+        if a.get("namespace") == NAMESPACE and (
+            a["name"].startswith(REGISTRY) or a["name"].startswith(SERVER_PREFIX)
+        ):
             try:
                 ray.kill(ray.get_actor(a["name"], namespace=NAMESPACE), no_restart=True)
                 n += 1
@@ -493,10 +576,12 @@ def shutdown() -> int:
 
 
 def registry_info(timeout: float = 10.0) -> dict[str, Any] | None:
-    """The registry's counts (digests, copies, leases granted, handovers), or None."""
+    """This job's registry's counts (digests, copies, leases granted, handovers, refused
+    announcements), or None."""
     import ray
 
     try:
-        return ray.get(ray.get_actor(REGISTRY, namespace=NAMESPACE).info.remote(), timeout=timeout)
+        name = registry_name(ray.get_runtime_context().get_job_id())
+        return ray.get(ray.get_actor(name, namespace=NAMESPACE).info.remote(), timeout=timeout)
     except Exception:
         return None

@@ -64,7 +64,8 @@ def setup() -> None:
 
 def _import_bundle(store: Any, path: str) -> None:
     """Fill the node's store from a bundle file (every worker tries; entries already there are
-    skipped). A bad bundle is refused whole, with a warning: kernels then compile as usual."""
+    skipped). A bad bundle is refused whole, with a warning, whatever the failure: kernels then
+    compile as usual, and the worker lives."""
     import dataclasses
 
     from fa4cache.errors import Fa4CacheError
@@ -77,6 +78,9 @@ def _import_bundle(store: Any, path: str) -> None:
         r = import_bundle(Store(dataclasses.replace(store.settings, remote_tier=None)), Path(path))
     except (Fa4CacheError, OSError) as e:
         log.warning("fa4cache: FA4CACHE_BUNDLE=%s not imported: %s", path, e)
+        return
+    except Exception as e:  # a bug of ours on a hostile file: still no reason to lose the worker
+        log.warning("fa4cache: FA4CACHE_BUNDLE=%s not imported: %s: %s", path, type(e).__name__, str(e)[:300])
         return
     if r.imported:
         log.info("fa4cache: imported %d kernels from %s into %s", r.imported, path, store.root)

@@ -203,10 +203,15 @@ def test_bytes_that_do_not_match_their_sidecar_are_refused() -> None:
     seed = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
     rng = random.Random(seed)
     print("seed", seed)
-    ref = EntryRef("fa4e000000000000cafe", "fwd", "ab" * 32)
+    from fa4cache.hashing import key_digest
+
+    ref = EntryRef("fa4e000000000000cafe", "fwd", key_digest("fa4e000000000000cafe", "fwd", '"k"'))
     data = rng.randbytes(rng.randint(1, 4096))
-    side = Sidecar.for_data(ref, data, created=1.0).to_bytes()
+    side = Sidecar.for_data(ref, data, created=1.0, key='"k"').to_bytes()
     assert verified(ref, (side, data)) is not None
+    # Key text that does not hash to the digest asked for (or none at all): refused (issue 34).
+    for key in ('"other"', None):
+        assert verified(ref, (Sidecar.for_data(ref, data, created=1.0, key=key).to_bytes(), data)) is None
     for _ in range(50):
         bad = bytearray(data)
         bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
@@ -219,6 +224,196 @@ def test_bytes_that_do_not_match_their_sidecar_are_refused() -> None:
     assert (
         verified(ref, None) is None and verified(ref, (side,)) is None and verified(ref, ("x", data)) is None
     )
+
+
+class RogueServer:
+    """A node server that answers every fetch with bytes filed under another key: that key's
+    artifact and sidecar, the sidecar's digest field made to agree with the digest asked for."""
+
+    def __init__(self, sidecar: dict[str, Any], data: bytes) -> None:
+        self.sidecar, self.data = sidecar, data
+
+    def fetch(self, toolchain: str, kind: str, digest: str) -> tuple[bytes, bytes]:
+        import json
+
+        return json.dumps(dict(self.sidecar, digest=digest)).encode(), self.data
+
+
+@pytest.mark.parametrize("key", ["other-keys-text", "bogus-text", "no-key-text"])
+def test_a_node_that_files_bytes_under_another_key_is_not_taken(
+    cluster: Any, tmp_path: Path, key: str
+) -> None:
+    """Issue 34, finding 1: the review's node that served the mask=none kernel as the causal
+    one had it taken by 2 of 2 nodes. Its checksum is right; its key text is not the key's."""
+    import json
+
+    from fa4cache.ray_integration.cluster import NAMESPACE, registry_name, server_prefix
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from fa4cache.hashing import encode_key, key_digest
+    from fa4cache.store.paths import Layout
+    from tests.fake_compiler import TOOLCHAIN
+
+    ray = _connect(cluster, tmp_path)
+    a_node, b_node, c_node = _nodes(ray)[:3]
+    (a,) = _workers(ray, [a_node])
+    first = ray.get(a.run.remote([32], ("fwd",)), timeout=120)
+    assert first["compiles"] == 1
+    ref32, ref33 = (
+        EntryRef(TOOLCHAIN.id, "fwd", key_digest(TOOLCHAIN.id, "fwd", encode_key(k))) for k in (32, 33)
+    )
+    lay = Layout(Path(first["root"]))
+    side = json.loads(lay.sidecar_path(ref32).read_bytes())
+    side["key"] = {"other-keys-text": side["key"], "bogus-text": "33", "no-key-text": None}[key]
+    job = ray.get_runtime_context().get_job_id()
+    name = f"{server_prefix(job)}rogue-{key}"  # an actor of this job's: inside the trust boundary
+    rogue = (
+        ray.remote(num_cpus=0)(RogueServer)
+        .options(
+            name=name, namespace=NAMESPACE, scheduling_strategy=NodeAffinitySchedulingStrategy(a_node, False)
+        )
+        .remote(side, lay.object_path(ref32).read_bytes())
+    )
+    ray.get(rogue.fetch.remote(ref33.toolchain, ref33.kind, ref33.digest), timeout=60)
+    reg = ray.get_actor(registry_name(job), namespace=NAMESPACE)
+    ray.get(reg.announce.remote(ref33.digest, name, a_node), timeout=30)
+
+    b, c = _workers(ray, [b_node, c_node])
+    got = ray.get(b.run.remote([33], ("fwd",)), timeout=120)
+    assert got["values"] == [34] and got["compiles"] == 1 and got["remote_hits"] == 0, got  # never 33 + 32
+    assert any("do not match their key or checksum" in w for w in got["warnings"]), got["warnings"]
+    # The rogue was forgotten; a third node fetches the good copy B compiled.
+    late = ray.get(c.run.remote([33], ("fwd",)), timeout=120)
+    assert late["values"] == [34] and late["compiles"] == 0 and late["remote_hits"] == 1, late
+    # Its copy says who compiled it (B's process) and where it came from (B's node).
+    side_c = json.loads(
+        (Path(late["root"]) / LAYOUT / ref33.toolchain / "fwd" / f"{ref33.digest}.json").read_text()
+    )
+    assert side_c["received"].startswith(f"cluster node {b_node[:12]}") and side_c["origin"]["pid"] > 0, (
+        side_c
+    )
+    ray.kill(rogue, no_restart=True)
+
+
+OTHER_JOB = """
+import json, sys, time
+import ray
+import fa4cache
+from tests.test_cluster import CROSS, ROOT, NodeWorker, RogueServer
+addr, root, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+env = fa4cache.env(root + "/node-{node_id}", cluster=True, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **CROSS}})
+ray.init(address=addr, runtime_env=env, log_to_driver=False)
+job = ray.get_runtime_context().get_job_id()
+if mode == "work":
+    w = ray.remote(num_cpus=0)(NodeWorker).remote()
+    out = ray.get(w.run.remote([61], ("fwd",)), timeout=120)
+    print(json.dumps({"job": job, "compiles": out["compiles"]}), flush=True)
+else:  # rogue: VICTIM_JOB SIDECAR_JSON DATA_HEX DIGEST NODE
+    from fa4cache.ray_integration.cluster import NAMESPACE, registry_name, server_prefix
+    victim, side, data, digest, node = sys.argv[4:9]
+    name = server_prefix(victim) + "rogue"  # squats the victim job's names
+    rogue = ray.remote(num_cpus=0)(RogueServer).options(name=name, namespace=NAMESPACE, lifetime="detached").remote(
+        json.loads(side), bytes.fromhex(data))
+    ray.get(rogue.fetch.remote("t", "k", digest), timeout=60)
+    reg = ray.get_actor(registry_name(victim), namespace=NAMESPACE)
+    ray.get(reg.announce.remote(digest, name, node), timeout=30)
+    print(json.dumps({"job": job, "rogue": name}), flush=True)
+time.sleep(3600)  # until the test kills this driver (SIGKILL)
+"""
+
+
+def _other_job(cluster: Any, tmp_path: Path, *args: str) -> tuple[Any, dict[str, Any]]:
+    """Another job's driver (a process of its own), started and left running; its first line."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", OTHER_JOB, cluster.address, str(tmp_path / "other"), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line:
+        p.kill()
+        raise AssertionError(p.communicate(timeout=30)[1][-3000:])
+    return p, json.loads(line)
+
+
+def _fa4cache_actors_of(ray: Any, job: str) -> list[str]:
+    from fa4cache.ray_integration.cluster import NAMESPACE, actor_job
+
+    out = []
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a.get("namespace") != NAMESPACE:
+            continue
+        try:
+            h = ray.get_actor(a["name"], namespace=NAMESPACE)
+        except ValueError:
+            continue  # gone meanwhile
+        if actor_job(h) == job:
+            out.append(a["name"])
+    return out
+
+
+def test_a_jobs_registry_and_servers_end_with_it_even_after_sigkill(cluster: Any, tmp_path: Path) -> None:
+    """Issue 34, finding 2: the registry and node servers were detached and cluster-wide, so one
+    job's (or a poisoned store's) leftovers served every later job. Now they are named for
+    their job, and end with it: here the driver is killed with SIGKILL."""
+    ray = _connect(cluster, tmp_path)
+    p, first = _other_job(cluster, tmp_path, "work")
+    assert first["compiles"] == 1, first
+    job = first["job"]
+    assert len(_fa4cache_actors_of(ray, job)) >= 2  # its registry and a node server
+    p.kill()
+    p.wait(timeout=30)
+    t0 = time.monotonic()
+    while (left := _fa4cache_actors_of(ray, job)) and time.monotonic() - t0 < 90:
+        time.sleep(1)
+    print(f"the killed job's actors were gone {time.monotonic() - t0:.1f} s after SIGKILL")
+    assert left == [], left
+
+
+def test_another_jobs_actor_is_never_a_holder(cluster: Any, tmp_path: Path) -> None:
+    """Finding 2: an actor of another job, named like this job's servers and announced to this
+    job's registry, serving bytes under the correct key text (what the key check cannot catch):
+    never fetched from."""
+    import json
+
+    from fa4cache.hashing import encode_key, key_digest
+    from fa4cache.store.paths import Layout
+    from tests.fake_compiler import TOOLCHAIN
+
+    ray = _connect(cluster, tmp_path)
+    a_node, b_node = _nodes(ray)[:2]
+    (a,) = _workers(ray, [a_node])
+    first = ray.get(a.run.remote([62], ("fwd",)), timeout=120)
+    ref62, ref63 = (
+        EntryRef(TOOLCHAIN.id, "fwd", key_digest(TOOLCHAIN.id, "fwd", encode_key(k))) for k in (62, 63)
+    )
+    lay = Layout(Path(first["root"]))
+    side = json.loads(lay.sidecar_path(ref62).read_bytes())
+    side["key"] = encode_key(63)  # right key text, another kernel's bytes
+    data = lay.object_path(ref62).read_bytes()
+    victim = ray.get_runtime_context().get_job_id()
+    p, info = _other_job(
+        cluster, tmp_path, "rogue", victim, json.dumps(side), data.hex(), ref63.digest, a_node
+    )
+    try:
+        (b,) = _workers(ray, [b_node])
+        got = ray.get(b.run.remote([63], ("fwd",)), timeout=120)
+        assert got["values"] == [64] and got["compiles"] == 1 and got["remote_hits"] == 0, (
+            got
+        )  # never 63 + 62
+    finally:
+        p.kill()
+        from fa4cache.ray_integration.cluster import NAMESPACE
+
+        ray.kill(ray.get_actor(info["rogue"], namespace=NAMESPACE), no_restart=True)
 
 
 def _compile_real_fwd() -> dict[str, Any]:
@@ -261,7 +456,7 @@ def test_a_real_fa4_kernel_compiled_on_one_node_loads_on_another(cluster: Any, t
 
 
 def test_registry_killed_mid_run_means_local_compiles_and_no_failure(cluster: Any, tmp_path: Path) -> None:
-    from fa4cache.ray_integration.cluster import NAMESPACE, REGISTRY, registry_info
+    from fa4cache.ray_integration.cluster import NAMESPACE, registry_info, registry_name
 
     ray = _connect(cluster, tmp_path)
     nodes = _nodes(ray)[:3]
@@ -271,7 +466,8 @@ def test_registry_killed_mid_run_means_local_compiles_and_no_failure(cluster: An
     while (info := registry_info()) is None or info["leases"] == 0:  # one compiles, the others wait
         assert time.monotonic() - t0 < 60
         time.sleep(0.1)
-    ray.kill(ray.get_actor(REGISTRY, namespace=NAMESPACE), no_restart=True)
+    reg = registry_name(ray.get_runtime_context().get_job_id())
+    ray.kill(ray.get_actor(reg, namespace=NAMESPACE), no_restart=True)
     out = ray.get(pending, timeout=120)
     assert all(o["values"] == [22] for o in out), out
     assert 1 <= sum(o["compiles"] for o in out) <= len(ws), out
@@ -293,6 +489,18 @@ def test_a_bundle_in_the_runtime_env_fills_every_node(cluster: Any, tmp_path: Pa
     out = ray.get([w.run.remote([41, 42]) for w in _workers(ray, _nodes(ray)[:2])], timeout=120)
     for o in out:  # imported by the worker setup hook: loaded from the node's own store
         assert o["compiles"] == 0 and o["remote_hits"] == 0 and o["disk_hits"] == 2 * len(KINDS), o
+
+
+@pytest.mark.parametrize("case", ["nested", "infinity"])
+def test_a_malformed_bundle_in_the_runtime_env_is_a_warning(cluster: Any, tmp_path: Path, case: str) -> None:
+    """Issue 34, finding 4: with FA4CACHE_BUNDLE naming such a file every Ray worker died
+    (RecursionError / OverflowError escaped the hook); now the worker lives, warns, compiles."""
+    from tests.test_security_keys import _malformed
+
+    bundle = _malformed(tmp_path)[case]
+    ray = _connect(cluster, tmp_path, FA4CACHE_BUNDLE=str(bundle))
+    (o,) = ray.get([w.run.remote([51], ("fwd",)) for w in _workers(ray, _nodes(ray)[:1])], timeout=120)
+    assert o["compiles"] == 1 and o["values"] == [52], o
 
 
 def test_node_killed_mid_compile_costs_at_most_one_extra_compile(cluster: Any, tmp_path: Path) -> None:

@@ -562,3 +562,99 @@ def test_running_out_of_file_descriptors_quarantines_nothing(people: Any) -> Non
         """
     )
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+# --------------------------------------------------------------------------- issue 34
+
+DSL_PRELOAD = (
+    *PRELOAD,
+    "tests.cute_preload",
+    "tests.dsl_probe",
+    "tests.dsl_probe_evil",
+    "fa4cache.adapters.installer",
+)
+_SQUAT = """
+import ctypes, os
+from pathlib import Path
+d = Path({cache!r})
+d.mkdir(parents=True)
+os.chmod(d.parent, 0o777)
+os.chmod(d, 0o777)
+from tests import dsl_probe, dsl_probe_evil
+dsl_probe.hello(41)  # the victim's function, compiled with the victim's environment: its file name
+names = set(os.listdir(d))
+dsl_probe_evil.hello(41)
+(evil,) = set(os.listdir(d)) - names
+for n in names:
+    (d / n).write_bytes((d / evil).read_bytes())
+    os.chmod(d / n, 0o644)
+ctypes.CDLL(None).fflush(None)
+"""
+_VICTIM_CALL = """
+import ctypes, os
+{install}
+from tests import dsl_probe
+dsl_probe.hello(41)
+ctypes.CDLL(None).fflush(None)
+"""
+
+
+@pytest.mark.compile
+def test_a_squatted_cute_dsl_cache_is_never_read(people: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 3: the DSL keeps IR under $TMPDIR/$USER/cutlass_python_cache, made without an
+    ownership check and checked by CRC32 only. The attacker makes the victim's directory first
+    and files its own function's IR under the name of the victim's: without fa4cache the
+    victim's host-side @cute.jit call runs the attacker's code; after fa4cache.install() (the
+    DSL already imported, as in a process that imported it first) it never reads that cache."""
+    victim, attacker, base = people
+    victim, attacker = (
+        User(victim.name, victim.home, DSL_PRELOAD),
+        User(attacker.name, attacker.home, DSL_PRELOAD),
+    )
+    monkeypatch.delenv("CUTE_DSL_DISABLE_FILE_CACHING", raising=False)  # the servers inherit this
+    shared = base / "shared-tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    env = {"TMPDIR": str(shared), "CUTE_DSL_ARCH": "sm_90a"}
+    cache = shared / victim.name / "cutlass_python_cache"
+    p = attacker.run(_SQUAT.format(cache=str(cache)), env={**env, "USER": victim.name}, timeout=300)
+    assert p.returncode == 0 and "PWNED 42" in p.stdout, p.stderr[-3000:]
+    assert cache.stat().st_uid == attacker.uid
+    before = victim.run(_VICTIM_CALL.format(install=""), env=env, timeout=300)
+    assert before.stdout.strip() == "PWNED 42", before  # the attack works in this setup
+    mine = victim.home / "store-dsl"
+    install = f"from fa4cache.adapters.installer import install; install({str(mine)!r}, compile_server=False)"
+    after = victim.run(_VICTIM_CALL.format(install=install), env=env, timeout=300)
+    assert after.returncode == 0 and after.stdout.strip() == "sum 42", after
+    assert {f.stat().st_uid for f in cache.iterdir()} == {attacker.uid}  # and the victim wrote nothing there
+
+
+def test_install_turns_the_dsl_file_cache_off_for_the_process_and_its_children(tmp_path: Path) -> None:
+    code = (
+        "import os, subprocess, sys, fa4cache; fa4cache.install(sys.argv[1], compile_server=False)\n"
+        "from cutlass.cutlass_dsl import CuTeDSL\n"
+        "print(CuTeDSL._get_dsl().envar.disable_file_caching, os.environ['CUTE_DSL_DISABLE_FILE_CACHING'],\n"
+        "      os.environ['FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED'])\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUTE_DSL_DISABLE_FILE_CACHING", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "s")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.stdout.split()[-3:] == ["True", "1", "0"], out.stderr[-2000:]
+    # A job that asks for the DSL's cache keeps it.
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "s")],
+        env={**env, "CUTE_DSL_DISABLE_FILE_CACHING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.stdout.split()[-3:] == ["False", "0", "0"], out.stderr[-2000:]

@@ -527,3 +527,68 @@ def test_the_job_environment_turns_the_cute_dsl_file_cache_off(tmp_path: Path) -
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
     )
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- issue 34
+
+
+def test_racing_the_squat_fallback_never_makes_a_start_memory_only(people: Any) -> None:
+    """Finding 7: the attacker creates and removes each fresh node-local path as the victim's
+    store is made there. A mkdir that fails with EEXIST and an open that then fails with
+    ENOENT was taken as 'unwritable' (11 of 40 starts memory-only); it is a race to retry."""
+    victim, attacker, base = people
+    nodes = _sticky(base, "race-nodes")
+    current = nodes / "current"
+    attacker_pid = attacker.start(
+        f"""
+        import os
+        name = ""
+        n = 0
+        while True:
+            if n % 64 == 0:
+                try:
+                    name = open({str(current)!r}).read()
+                except OSError:
+                    pass
+            n += 1
+            if name:
+                p = os.path.join({str(nodes)!r}, name)
+                try:
+                    os.mkdir(p, 0o755)
+                except OSError:
+                    pass
+                try:
+                    os.rmdir(p)
+                except OSError:
+                    pass
+        """
+    )
+    try:
+        p = victim.run(
+            f"""
+            import json, os, time
+            from fa4cache.settings import Settings
+            from fa4cache.store import Store
+            starts = []
+            for i in range(300):
+                tmp = {str(current)!r} + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(f"n{{i}}")
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, {str(current)!r})
+                time.sleep(0.005)  # the attacker is racing this name now
+                s = Store(Settings.from_env(os.path.join({str(nodes)!r}, f"n{{i}}")))
+                starts.append([s.writable, str(s.root)])
+            print("RESULT", json.dumps(starts))
+            """,
+            env={"FA4CACHE_NODE_LOCAL": "1"},
+            timeout=120,
+        )
+    finally:
+        os.kill(attacker_pid, 9)
+    starts = _result(p)
+    fallback = str(victim.home / ".cache" / "fa4cache")
+    at_path = sum(w and r != fallback for w, r in starts)
+    print(f"{len(starts)} starts: {at_path} at the path, {sum(r == fallback for _, r in starts)} at the fallback, "
+          f"{sum(not w for w, _ in starts)} memory-only")  # fmt: skip
+    assert all(w for w, _ in starts), starts  # never memory-only

@@ -74,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("verify", help="check every entry's checksum and sidecar")
     s.add_argument("--repair", action="store_true", help="quarantine bad entries")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument(
+        "--rebuild",
+        nargs="?",
+        type=int,
+        const=0,
+        metavar="N",
+        help="also compile the entries of N recorded specs (default all) again on this machine and "
+        "compare the bytes (entries fa4cache warm made; minutes per spec on the CPU)",
+    )
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")

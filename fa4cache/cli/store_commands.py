@@ -71,6 +71,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ),
         ("Load time", f"{st['load_seconds']:.3f} s"),
         ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
+        (
+            "Temp files",
+            f"{st['temp_files']} ({human(st['temp_bytes'])}; publishes in progress or killed writers')",
+        ),
         ("Refused (insecure)", str(st["insecure"])),
         ("Publish errors", str(st["publish_errors"])),
         (
@@ -223,8 +227,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps(VerifyReport().as_dict(), indent=2) if args.json else f"{no_store_line(e)} to check")
         return 0
     rep = verify(store, repair=args.repair)
+    rebuilt = _rebuild(store, args)
     if args.json:
-        print(json.dumps(rep.as_dict(), indent=2))
+        print(
+            json.dumps({**rep.as_dict(), **({"rebuild": rebuilt} if rebuilt is not None else {})}, indent=2)
+        )
     else:
         print(
             f"checked {rep.checked} entries: {rep.ok} ok, {len(rep.bad)} bad, "
@@ -236,9 +243,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"quarantined/removed {rep.repaired}")
             for f in rep.repair_failed:
                 print(f"  not repaired: {safe_text(f)}")
+    if rebuilt is not None and not args.json:
+        _print_rebuild(rebuilt)
+    rebuilt_clean = rebuilt is None or not rebuilt["different"]
     if args.repair:
-        return 1 if rep.repair_failed else 0
-    return 0 if rep.clean else 1
+        return 1 if rep.repair_failed or not rebuilt_clean else 0
+    return 0 if rep.clean and rebuilt_clean else 1
+
+
+def _rebuild(store: Any, args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.rebuild is None:
+        return None
+    from fa4cache.adapters.rebuild import rebuild
+
+    r = rebuild(store, sample=args.rebuild or None)
+    row = lambda ref: {"kind": ref.kind, "digest": ref.digest, "toolchain": ref.toolchain}  # noqa: E731
+    return {
+        "specs": r.specs,
+        "identical": [row(x) for x in r.identical],
+        "different": [row(x) for x in r.different],
+        "not_rebuilt": [{**row(x), "why": why} for x, why in r.not_rebuilt],
+    }
+
+
+def _print_rebuild(r: dict[str, Any]) -> None:
+    print(
+        f"rebuilt the entries of {plural(r['specs'], 'spec')}: {len(r['identical'])} identical, "
+        f"{len(r['different'])} DIFFERENT, {len(r['not_rebuilt'])} not rebuilt"
+    )
+    for e in r["different"]:
+        print(f"  {e['kind']:<16} {e['digest'][:16]}  differs from its rebuild: not what its key compiles to")
+    for e in r["not_rebuilt"][:20]:
+        print(f"  {e['kind']:<16} {e['digest'][:16]}  not rebuilt: {safe_text(e['why'])}")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -76,6 +76,26 @@ class KeyLocks:
             return WaitResult(None, time.perf_counter() - t0, True)
         return WaitResult(lk, time.perf_counter() - t0, False)
 
+    @staticmethod
+    def excludes(lock: Any) -> bool:
+        """Whether ``lock``, held by the caller, keeps others out: a second open of its file
+        must not get the lock too. On a filesystem whose flock is a no-op (some network and
+        FUSE mounts) it does, and every judgement made "under the lock" is a guess."""
+        import fcntl
+
+        try:
+            fd = os.open(lock.lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, AttributeError):
+            return True  # nothing to probe: trust the lock as before
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True  # refused while we hold it: it excludes
+        else:
+            return False
+        finally:
+            os.close(fd)  # a lock taken on this description ends with it
+
     def held_by_other(self, digest: str) -> bool:
         try:
             lk = self.try_lock(digest)

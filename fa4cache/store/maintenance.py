@@ -132,9 +132,7 @@ def prune(
     for tc in sorted(stale):
         if _remove_empty_toolchain(store, tc):
             report.removed_toolchains.append(tc)
-    for tc in store.layout.toolchains():
-        for k in store.layout.kinds(tc):
-            clean_stale_tmp(store.layout.toolchain_dir(tc) / k)
+    clean_temp_files(store)
     return report
 
 
@@ -162,9 +160,27 @@ def _remove_empty_toolchain(store: Store, tc: str) -> bool:
     return True
 
 
+def clean_temp_files(store: Store) -> int:
+    """Remove dead writers' temp files (this host's by pid, any host's by age) in every
+    entry directory; returns how many."""
+    lay = store.layout
+    n = 0
+    for tc in lay.toolchains():
+        for d in (lay.toolchain_dir(tc), *(lay.toolchain_dir(tc) / k for k in lay.kinds(tc))):
+            n += clean_stale_tmp(d)
+    return n
+
+
 def enforce_cap(store: Store, cap: int) -> None:
-    if sum(e.size for e in store.layout.iter_entries()) > cap:
-        prune(store, max_size=cap)
+    # Temp files count against the cap like entries: killed writers' leftovers go first,
+    # those of writers still running are space the disk does not have either.
+    total = sum(e.size for e in store.layout.iter_entries())
+    if total + sum(b for _, b in store.layout.iter_temp_files()) <= cap:
+        return
+    clean_temp_files(store)
+    temp = sum(b for _, b in store.layout.iter_temp_files())
+    if total + temp > cap:
+        prune(store, max_size=max(cap - temp, 0))
 
 
 def clear(store: Store, *, everything: bool = False, dry_run: bool = False) -> Report:
@@ -217,6 +233,9 @@ def _check_entry(store: Store, ref: EntryRef) -> str | None:
     side = Sidecar.parse(read_checked(lay.sidecar_path(ref), max_bytes=MAX_SIDECAR_BYTES, trusted=mine), ref)
     if side is None:
         return "malformed sidecar"
+    unbound = side.key_problem(required=False)  # what a load would refuse (and quarantine)
+    if unbound:
+        return unbound
     data = read_checked(lay.object_path(ref), max_bytes=MAX_ARTIFACT_BYTES, trusted=mine, what="artifact")
     return None if side.matches(data) else "checksum mismatch"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fa4cache.errors import ConfigError
 
-from .secure_io import dir_problem, only_me
+from .secure_io import TMP_PREFIX, dir_problem, only_me
 
 LAYOUT = "v2"
 TOOLCHAIN_FILE = "toolchain.json"
@@ -150,6 +150,25 @@ class Layout:
                         except OSError:
                             continue
                         yield EntryInfo(EntryRef(tc, k, name[:-2]), st.st_size, st.st_mtime)
+
+    def iter_temp_files(self) -> Iterator[tuple[Path, int]]:
+        """Temp files in the entry directories (path, size): publishes in progress, or
+        left by writers that were killed (``prune`` and the next publish there remove those)."""
+        for tc in self.toolchains():
+            tdir = self.toolchain_dir(tc)
+            for d in (tdir, *(tdir / k for k in self.kinds(tc))):
+                try:
+                    it = os.scandir(d)
+                except OSError:
+                    continue
+                with it:
+                    for ent in it:
+                        if not ent.name.startswith(TMP_PREFIX):
+                            continue
+                        try:
+                            yield Path(ent.path), ent.stat(follow_symlinks=False).st_size
+                        except OSError:
+                            continue
 
     def iter_sidecars_without_artifact(self) -> Iterator[EntryRef]:
         for tc in self.toolchains():

@@ -85,6 +85,38 @@ def dir_problem(path: Path, *, trusted: frozenset[int], what: str) -> str | None
     return why
 
 
+_MAKE_TRIES = 50  # a name that someone keeps creating and removing under us
+
+
+def _make_and_open(name: str, fd: int, path: Path, what: str) -> int:
+    """Create directory ``name`` 0700 in ``fd`` (unless someone else has) and open it.
+
+    Someone else's mkdir can win and their rmdir follow before our open: that is a race
+    to retry, not a directory we cannot use. Whoever keeps doing it is refused as a squatter
+    (InsecurePath: a node-local store then falls back to the private default)."""
+    for _ in range(_MAKE_TRIES):
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+            # The umask may have removed owner bits; never adds others. By name in
+            # the directory just checked: no one else can rename our entry there.
+            os.chmod(name, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # removed between our mkdir and chmod: make it again
+            continue
+        try:
+            return os.open(name, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise InsecurePath(f"{what} {path} is a symlink or not a directory") from None
+    raise InsecurePath(
+        f"{what} {path} keeps appearing and vanishing ({_MAKE_TRIES} tries): someone is racing us"
+    )
+
+
 def open_dir(
     path: Path | str,
     *,
@@ -124,19 +156,7 @@ def open_dir(
             except FileNotFoundError:
                 if not create:
                     raise
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                    # The umask may have removed owner bits; never adds others. By name in
-                    # the directory just checked: no one else can rename our entry there.
-                    os.chmod(name, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                try:
-                    nfd = os.open(name, DIR_FLAGS, dir_fd=fd)
-                except OSError as e:
-                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                        raise
-                    raise InsecurePath(f"{what} {here / name} is a symlink or not a directory") from None
+                nfd = _make_and_open(name, fd, here / name, what)
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise

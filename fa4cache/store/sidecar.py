@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fa4cache.hashing import sha256_bytes
+from fa4cache.hashing import key_digest, sha256_bytes
 from fa4cache.store.paths import EntryRef, is_digest
 
 FORMAT = 2
@@ -66,6 +66,10 @@ class Sidecar:
     # What loading needs and provenance (fingerprint.runtime_facts of the producer): checked
     # at load by fingerprint.load_problem.
     built_with: dict[str, Any] = field(default_factory=dict)
+    # Provenance, for people (nothing trusts it): who compiled the kernel, where, with what
+    # (kept by every copy), and how this copy arrived (a bundle, a cluster peer).
+    origin: dict[str, Any] | None = None
+    received: str | None = None
 
     @classmethod
     def for_data(cls, ref: EntryRef, data: bytes, **facts: Any) -> Sidecar:
@@ -96,6 +100,11 @@ class Sidecar:
             and (obj.get("spec") is None or (isinstance(obj["spec"], dict) and _plain(obj["spec"])))
             and isinstance(obj.get("built_with", {}), dict)
             and _plain(obj.get("built_with", {}))
+            and (obj.get("origin") is None or (isinstance(obj["origin"], dict) and _plain(obj["origin"])))
+            and (
+                obj.get("received") is None
+                or (isinstance(obj["received"], str) and len(obj["received"]) <= 1024)
+            )
         )
         if not ok:
             return None
@@ -103,7 +112,8 @@ class Sidecar:
         return cls(**{k: v for k, v in obj.items() if k in names})
 
     def facts(self) -> dict[str, Any]:
-        """What a republished copy (fetched from a cluster peer or a bundle) carries over."""
+        """What a republished copy (fetched from a cluster peer or a bundle) carries over
+        (not ``received``: each copy says how it arrived)."""
         return {
             "compile_seconds": self.compile_seconds,
             "tvm_ffi": self.tvm_ffi,
@@ -111,6 +121,7 @@ class Sidecar:
             "summary": dict(self.summary),
             "spec": self.spec,
             "built_with": dict(self.built_with),
+            "origin": self.origin,
         }
 
     def to_bytes(self) -> bytes:
@@ -118,6 +129,26 @@ class Sidecar:
 
     def matches(self, data: bytes) -> bool:
         return len(data) == self.size and sha256_bytes(data) == self.sha256
+
+    def key_problem(self, *, required: bool) -> str | None:
+        """Why this sidecar's key text does not name its entry; None when it does.
+
+        The digest is a hash of the key text, so recomputing it binds the bytes to the key
+        they will be loaded for: a copy filed under another key (the causal kernel as the
+        ``mask=none`` entry) is refused, whatever its checksum. ``required``: an entry from
+        elsewhere (a cluster peer, a bundle, a base store) must carry its key text, since
+        without it nothing ties its bytes to its digest. Our own compiles may omit a very
+        long key (see ``Installation._export``); those never leave this store.
+        """
+        if self.key is None:
+            return "no key text, so nothing binds its bytes to its digest" if required else None
+        actual = key_digest(self.toolchain, self.kind, self.key)
+        if actual != self.digest:
+            return (
+                f"its key text hashes to {actual[:16]}, not to its digest {self.digest[:16]} "
+                "(bytes filed under another key)"
+            )
+        return None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,15 @@ def _entries(layout: Layout) -> dict[str, Any]:
     return {"by_kind": dict(by_kind), "by_toolchain": dict(by_tc)}
 
 
+def _temp_files(layout: Layout) -> tuple[int, int]:
+    """How many temp files the entry directories hold, and their bytes (killed writers'
+    leftovers take disk space like entries do, until the next publish or prune)."""
+    n = size = 0
+    for _, b in layout.iter_temp_files():
+        n, size = n + 1, size + b
+    return n, size
+
+
 def _quarantined(layout: Layout) -> int:
     if not layout.own_dir(layout.quarantine_dir):
         return 0
@@ -74,6 +83,7 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
             # is what replaced that compile. Count disk hits.
             saved += vals.get("disk_hits", 0) * mean
     kinds = sorted(set(ent["by_kind"]) | set(by_kind_counts))
+    temp_files, temp_bytes = _temp_files(layout)
     return {
         "schema": SCHEMA_VERSION,
         "cache_dir": str(root),
@@ -92,6 +102,8 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "ahead_saved_seconds": round(c["ahead_saved_seconds"], 3),
         "corrupt": int(c["corrupt"]),
         "quarantined": _quarantined(layout),
+        "temp_files": temp_files,
+        "temp_bytes": temp_bytes,
         "load_errors": int(c["load_errors"]),
         "insecure": int(c["insecure"]),
         "publish_errors": int(c["publish_errors"]),

@@ -29,6 +29,7 @@ from .locks import KeyLocks
 from .root import open_root, usable_base
 from .secure_io import (
     atomic_write,
+    clean_stale_tmp,
     fsync_dir,
     makedirs_private,
     only_me,
@@ -58,6 +59,7 @@ class Store:
         self._touches: dict[EntryRef, float] = {}
         self._touch_lock = threading.Lock()
         self._toolchains_used: set[str] = set()
+        self._cleaned: set[Path] = set()
         self.root, self.writable = open_root(self.settings, self._warn_once)
         self.layout = Layout(self.root)
         self.locks = KeyLocks(self.layout.locks_dir)
@@ -178,7 +180,8 @@ class Store:
             if tier is self.remote:
                 self.counters.add("remote_hits")
                 self.counters.add("remote_seconds", getattr(tier, "last_fetch_seconds", 0.0))
-                self.publish_bytes(ref, art.data, **art.sidecar.facts())
+                via = getattr(tier, "last_source", "") or tier.name
+                self.publish_bytes(ref, art.data, received=f"{via}"[:1024], **art.sidecar.facts())
             return art
         return None
 
@@ -272,6 +275,11 @@ class Store:
         except OSError as e:
             self._publish_failed(e)
             return None
+        if d not in self._cleaned:
+            # Once per process and directory: temp files of writers killed mid-publish
+            # would otherwise stay until a prune, outside every count.
+            self._cleaned.add(d)
+            clean_stale_tmp(d)
         return tmp_name(self.layout.object_path(ref))
 
     def publish(self, ref: EntryRef, staged: Path, **facts: Any) -> bool:
@@ -286,7 +294,14 @@ class Store:
             )
             if not data:
                 raise OSError(f"exporter wrote an empty file {staged}")
+            facts.setdefault("origin", None)
+            facts["origin"] = facts["origin"] or _origin()  # kept from the copy it came from
             sidecar = Sidecar.for_data(ref, data, created=time.time(), host=socket.gethostname(), **facts)
+            side_bytes = sidecar.to_bytes()
+            if len(side_bytes) > MAX_SIDECAR_BYTES:  # every reader would refuse it: a miss forever
+                raise ValueError(
+                    f"sidecar of {len(side_bytes)} bytes is over the {MAX_SIDECAR_BYTES} byte read limit"
+                )
             # The old sidecar goes first: a crash after that leaves an artifact without
             # a sidecar (a miss), never a sidecar that vouches for other bytes.
             unlink_quiet(self.layout.sidecar_path(ref))
@@ -294,11 +309,13 @@ class Store:
             try:
                 os.fchmod(fd, 0o600)  # the exporter created it under the process umask
                 os.fsync(fd)
+                ours = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
             os.replace(staged, self.layout.object_path(ref))
             fsync_dir(self.layout.kind_dir(ref))
-            atomic_write(self.layout.sidecar_path(ref), sidecar.to_bytes())
+            atomic_write(self.layout.sidecar_path(ref), side_bytes)
+            self._withdraw_if_superseded(ref, ours)
         except (OSError, ValueError, InsecurePath) as e:
             unlink_quiet(staged)
             self._publish_failed(e)
@@ -308,6 +325,22 @@ class Store:
         if announce is not None:
             announce(ref)  # this node now holds a copy it can serve
         return True
+
+    def _withdraw_if_superseded(self, ref: EntryRef, ours: int) -> None:
+        """Where the key lock did not exclude (a filesystem whose flock is a no-op), another
+        publisher may have renamed its artifact in after ours: our sidecar would then vouch
+        for bytes it does not describe. Withdrawn, the entry is a miss, never a mismatch."""
+        try:
+            if os.lstat(self.layout.object_path(ref)).st_ino == ours:
+                return
+        except OSError:
+            pass
+        log.debug(
+            "fa4cache: %s entry %s was republished meanwhile; withdrawing our sidecar",
+            ref.kind,
+            ref.digest[:16],
+        )
+        unlink_quiet(self.layout.sidecar_path(ref))
 
     def publish_bytes(self, ref: EntryRef, data: bytes, **facts: Any) -> bool:
         """Publish verified bytes that came from elsewhere (a cluster peer, a bundle)."""
@@ -329,6 +362,20 @@ class Store:
         self._warn_once(
             "publish", f"fa4cache: cannot write to {self.root} ({e}); kernels stay in memory only"
         )
+
+
+def _origin() -> dict[str, Any]:
+    """Who compiled a kernel published here first, where, with which fa4cache."""
+    from fa4cache.settings import user_name
+    from fa4cache.version import __version__
+
+    return {
+        "user": user_name()[:64],
+        "uid": os.getuid() if hasattr(os, "getuid") else -1,
+        "host": socket.gethostname()[:255],
+        "pid": os.getpid(),
+        "fa4cache": __version__,
+    }
 
 
 class _LeasedLock:

@@ -53,6 +53,7 @@ from .secure_io import (
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
 
 log = logging.getLogger(__name__)
+FRESH_SECONDS = 5.0  # without excluding locks, an entry this recent may be mid-republish
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,21 @@ class Tier(Protocol):
 
 
 def read_entry(
-    layout: Layout, ref: EntryRef, trusted: frozenset[int], *, tier: str, dir_fd: int | None = None
+    layout: Layout,
+    ref: EntryRef,
+    trusted: frozenset[int],
+    *,
+    tier: str,
+    dir_fd: int | None = None,
+    require_key: bool | None = None,
 ) -> Artifact:
     """The entry's sidecar and artifact, each read from one descriptor and checked against
-    each other (opened relative to ``dir_fd``, the kind directory, when given). Raises
+    each other and against the entry's digest (the sidecar's key text must hash to it;
+    ``require_key``, by default for every tier but the local one: it must carry key text).
+    Opened relative to ``dir_fd``, the kind directory, when given. Raises
     FileNotFoundError (a miss), InsecurePath, :class:`Integrity` or OSError."""
+    if require_key is None:
+        require_key = tier != "local"
     try:
         side_bytes = read_checked(
             layout.sidecar_path(ref),
@@ -101,6 +112,9 @@ def read_entry(
         sidecar = Sidecar.parse(side_bytes, ref)
         if sidecar is None:
             raise Integrity("malformed sidecar")
+        unbound = sidecar.key_problem(required=require_key)
+        if unbound:
+            raise Integrity(unbound)
         try:
             data = read_checked(
                 layout.object_path(ref),
@@ -249,9 +263,37 @@ class LocalDir(_DirTier):
     def put(self, art: Artifact) -> bool:
         return self._put(art)
 
+    def _identity(self, ref: EntryRef) -> tuple[tuple[int, int, int] | None, ...]:
+        """Which files the entry is now: every publish renames new ones into place."""
+        out = []
+        for p in (self.layout.sidecar_path(ref), self.layout.object_path(ref)):
+            try:
+                st = os.lstat(p)
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _fresh(self, ref: EntryRef) -> bool:
+        """Whether a file of the entry was written in the last :data:`FRESH_SECONDS`: two
+        publishes that no lock kept apart can leave one's artifact with the other's sidecar
+        for a moment (the later publisher then withdraws a sidecar it finds superseded)."""
+        now = time.time()
+        for p in (self.layout.sidecar_path(ref), self.layout.object_path(ref)):
+            try:
+                if now - os.lstat(p).st_mtime < FRESH_SECONDS:
+                    return True
+            except OSError:
+                return True
+        return False
+
     def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
         # A publisher replaces an entry under the key lock; a reader racing it can see
-        # the new sidecar with the old artifact. Re-read under the lock before judging.
+        # the new sidecar with the old artifact. Re-read under the lock before judging,
+        # and judge only an entry whose files did not change around that re-read: where
+        # locks do not exclude (a filesystem whose flock is a no-op) the lock alone
+        # cannot tell a republish from damage.
+        before = self._identity(ref)
         try:
             lk = self._locks.try_lock(ref.digest)
         except OSError:
@@ -264,6 +306,10 @@ class LocalDir(_DirTier):
             except FileNotFoundError:
                 return None
             except Integrity as e:
+                if self._identity(ref) != before:
+                    return None  # replaced while we looked: a miss, not a verdict
+                if self._fresh(ref) and not self._locks.excludes(lk):
+                    return None  # written just now by a publisher our lock did not keep out
                 self._counters.add("corrupt")
                 log.warning(
                     "fa4cache: corrupt %s entry %s: %s; quarantined, recompiling",
