@@ -100,6 +100,15 @@ _ORDER = {"fwd": 0, "bwd": 1}
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_run_task`: a worker compiles on purpose, ahead of need, never an unexpected
+    compile (``FA4CACHE_EXPECT_WARM``)."""
+    from fa4cache.warmth import expect_warm
+
+    with expect_warm("off"):
+        return _run_task(task)
+
+
+def _run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Compile the kernels of ``task["jobs"]`` (only ``task["targets"]`` when given) that
     nobody else is compiling; with ``task["wait"]``, then wait for the ones others took and
     compile any they left (a holder that died)."""

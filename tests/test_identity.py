@@ -346,3 +346,14 @@ def test_near_misses_name_fa4s_key_fields() -> None:
     i = names.index("mask_mod_hash")
     assert _field(f"[{i}]", names) == "mask_mod_hash"
     assert _field("[3].i", names) == names[3]
+
+
+@pytest.mark.compile
+def test_warm_compiles_on_purpose_even_when_the_job_expects_warm(tmp_path: Path) -> None:
+    from .conftest import run_cli
+
+    args = ("warm", "--mask", "causal", "--no-backward", "--head-dim", "64")
+    for jobs in ("1", "2"):  # in the process, and in compile workers
+        p = run_cli(tmp_path / f"s{jobs}", *args, "-j", jobs, env={"FA4CACHE_EXPECT_WARM": "error"})
+        assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+        assert "after warm-up" not in p.stderr and "miss:" not in p.stderr, p.stderr[-3000:]

@@ -161,10 +161,14 @@ def _hint(fields: list[tuple[str, Any, Any]], names: Sequence[str] | None) -> st
     return ""
 
 
-def report(store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None) -> str | None:
-    """Log :func:`explain` for a miss (see the module docstring) and return it. Never
-    raises: it runs on the compile path."""
+def report(
+    store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None, *, quiet: bool = False
+) -> str | None:
+    """Log :func:`explain` for a miss (see the module docstring) and return it; ``quiet``: at
+    INFO level whatever it is (``warm`` misses on purpose). Never raises: it runs on the
+    compile path."""
     first = ref.kind not in _seen_kinds and not store.counters.by_kind.get(ref.kind, {}).get("disk_hits")
+    first = first and not quiet
     _seen_kinds.add(ref.kind)
     try:
         why = explain(store, ref, encoded, names)
