@@ -56,10 +56,11 @@ def serve(bundle: Path, config_dir: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="fa4cache-cross-"))
     os.environ["FA4CACHE_DIR"] = str(root / "store")
     os.environ["FA4CACHE_EXPECT_WARM"] = "error"
-    imp = subprocess.run(
-        [sys.executable, "-m", "fa4cache", "bundle", "import", str(bundle)], capture_output=True, text=True
-    )
-    doctor = subprocess.run([sys.executable, "-m", "fa4cache", "doctor"], capture_output=True, text=True)
+    # From another directory: the source tree in the working directory would shadow the
+    # installed package (whose fa4cache.adapters is mapped in).
+    cli = {"capture_output": True, "text": True, "cwd": root}
+    imp = subprocess.run([sys.executable, "-m", "fa4cache", "bundle", "import", str(bundle.resolve())], **cli)
+    doctor = subprocess.run([sys.executable, "-m", "fa4cache", "doctor"], **cli)
     result: dict[str, Any] = {"import": (imp.stdout + imp.stderr).strip(), "import_rc": imp.returncode}
     result["doctor_toolchain"] = [ln for ln in doctor.stdout.splitlines() if "toolchain" in ln]
     import torch

@@ -77,7 +77,10 @@ def why_not(theirs: dict[str, Any] | None, mine: dict[str, dict[str, Any]], wher
 
 def fit_lines(toolchains: dict[str, dict[str, Any] | None], counts: dict[str, int], where: str) -> list[str]:
     """One line per toolchain of ``where``: whether its kernels serve this host, and why not."""
-    mine = host_toolchains()
+    try:
+        mine = host_toolchains()
+    except ImportError as e:  # fa4cache.adapters not importable (a bare source tree on sys.path)
+        return [f"cannot tell which kernels serve this host ({e})"]
     if not mine:
         return ["this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it"]
     lines = []
