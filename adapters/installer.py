@@ -17,8 +17,14 @@ from .flash_attn import uninstall
 __all__ = ["install", "uninstall"]
 
 
-def install(cache_dir: Any = None, *, compile_server: bool = True, **options: Any) -> Any:
-    _check_cache_dir(cache_dir, options)
+def install(
+    cache_dir: Any = None, *, compile_server: bool = True, strict_dir: bool = True, **options: Any
+) -> Any:
+    # strict_dir=False (the Ray hook): a path known only in the worker (a {node_id}
+    # placeholder) that cannot be a directory runs memory-only with a warning, as Store()
+    # does, instead of killing the worker in its setup hook.
+    if strict_dir:
+        _check_cache_dir(cache_dir, options)
     store = _install_store(cache_dir, **options)
     if compile_server:  # False: a process that may never compile starts the server at a miss
         compile_ahead.start_server_at_install()

@@ -46,7 +46,7 @@ def setup() -> None:
     # store that cannot be written (full disk, read-only) runs memory-only with a warning.
     # No compile server ahead of need: Ray starts idle workers by the dozen, most of which
     # never run FA4 (a worker that misses starts one then).
-    store = install(compile_server=False)
+    store = install(compile_server=False, strict_dir=False)
     if store.writable:
         # Workers and the driver resolve placeholders the same way; export the resolved path
         # so subprocesses of this worker (compile pools) use the same directory.

@@ -101,6 +101,13 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     for name in json.loads(sys.argv[1]):
         importlib.import_module(name)
+    if "fa4cache.fingerprint" in sys.modules:
+        # What a publish records (package metadata): read now, while the venv and the
+        # standard library are readable (the children drop root, and root's are not).
+        sys.modules["fa4cache.fingerprint"].runtime_facts()
+    if "fa4cache.identity" in sys.modules:  # where library and standard-library code lives
+        sys.modules["fa4cache.identity"]._library_roots()
+        sys.modules["fa4cache.identity"]._stdlib_roots()
     replies = sys.stdout
     for line in sys.stdin:
         replies.write(json.dumps(_run(json.loads(line))) + "\n")

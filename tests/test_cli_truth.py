@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fa4cache.hashing import encode_key, key_digest
 from fa4cache.store.paths import LAYOUT, EntryRef
 from fa4cache.store.store import Store
 
@@ -50,8 +51,10 @@ def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Complet
 
 def _publish(root: Path, tc: str, kind: str, n: int, spec: Any = None) -> EntryRef:
     store = Store.at(root)
-    ref = EntryRef(tc, kind, f"{n:064x}")
-    assert store.publish_bytes(ref, b"\x7fELF" + bytes(200 + n), summary={"dtype": "bf16"}, spec=spec)
+    # Filed as compiles file them: the digest is the hash of the key text it carries.
+    key = encode_key((kind, n))
+    ref = EntryRef(tc, kind, key_digest(tc, kind, key))
+    assert store.publish_bytes(ref, b"\x7fELF" + bytes(200 + n), key=key, summary={"dtype": "bf16"}, spec=spec)
     store.record_toolchain(tc, {"arch": 90, "versions": {"flash-attn-4": "4.0.0b36"}})
     return ref
 

@@ -218,7 +218,14 @@ def test_a_directory_as_the_bundle_file_is_one_clear_line(tmp_path: Path) -> Non
     (tmp_path / "d").mkdir()
     for cmd in ("show", "import"):
         r = run_cli(tmp_path / "b", "bundle", cmd, str(tmp_path / "d"))
-        assert r.returncode == 2 and "not a regular file" in r.stderr and ": 3" not in r.stderr, r.stderr
+        assert r.returncode == 2 and "is a directory, not a bundle file" in r.stderr and ": 3" not in r.stderr, r.stderr
+    # The library says it too (the CLI refuses a directory before it opens it).
+    from fa4cache.errors import Fa4CacheError
+    from fa4cache.store.bundle import import_bundle
+    from fa4cache.store.store import Store
+
+    with pytest.raises(Fa4CacheError, match="not a regular file"):
+        import_bundle(Store.at(tmp_path / "b"), tmp_path / "d")
 
 
 _MEASURE = """
