@@ -274,14 +274,6 @@ class _Check:
     expected: Any
     text: str | None = None
 
-    def holds(self, walker_text: Callable[[Any], str]) -> bool:
-        try:
-            now = self.get()
-        except Exception:
-            return False
-        if now is not self.expected:
-            return False
-        return self.text is None or walker_text(now) == self.text
 
 
 @dataclass(frozen=True)
@@ -293,11 +285,18 @@ class Identity:
 
     def valid(self) -> bool:
         """Whether everything the digest read is unchanged (cheap: identity checks, and a
-        re-encoding only of mutable values)."""
-        def text(value: Any) -> str:
-            return _Walker().value(value, "value", 0)
-
-        return all(c.holds(text) for c in self.checks)
+        re-encoding only of mutable values). On jit_cache's hot path: one loop, no calls
+        beyond each read's own getter."""
+        for c in self.checks:
+            try:
+                now = c.get()
+            except Exception:
+                return False
+            if now is not c.expected:
+                return False
+            if c.text is not None and _Walker().value(now, "value", 0) != c.text:
+                return False
+        return True
 
 
 def _get_item(mapping: dict[str, Any], name: str) -> Callable[[], Any]:
@@ -335,6 +334,7 @@ class _Walker:
     def __init__(self) -> None:
         self.h = hashlib.sha256(f"{IDENTITY_FORMAT}\0".encode())
         self.checks: list[_Check] = []
+        self.check_keys: set[tuple[Any, ...]] = set()
         self.seen: dict[int, Any] = {}  # id -> object, kept alive so ids are not reused
         self.todo: list[tuple[types.FunctionType, str]] = []
         self.count = 0
@@ -344,9 +344,17 @@ class _Walker:
             self.h.update(p.encode())
             self.h.update(b"\0")
 
-    def check(self, get: Callable[[], Any], expected: Any, *, by_value: bool = True) -> None:
+    def check(
+        self, get: Callable[[], Any], expected: Any, *, by_value: bool = True, key: tuple[Any, ...] | None = None
+    ) -> None:
         """Record a read; ``by_value``: a mutable value is re-encoded at each check (an object
-        a chain only passes through is checked by identity: the chain's end is checked too)."""
+        a chain only passes through is checked by identity: the chain's end is checked too).
+        ``key``: the same read made by several functions is checked once."""
+        if key is not None:
+            key = (*key, by_value)
+            if key in self.check_keys:
+                return
+            self.check_keys.add(key)
         text = None
         if by_value and _is_mutable(expected):
             try:
@@ -507,7 +515,7 @@ class _Walker:
         parts = []
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)
-            self.check(_get_attr(fn, attr), d)
+            self.check(_get_attr(fn, attr), d, by_value=False)  # replaced, not edited in place
             if d is not None:
                 parts.append(f"{attr}={self.value(d, f'{attr} of {name}', 1)}")
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
@@ -530,7 +538,7 @@ class _Walker:
         self.feed("function", name, function_source(fn))
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)
-            self.check(_get_attr(fn, attr), d)
+            self.check(_get_attr(fn, attr), d, by_value=False)  # replaced, not edited in place
             if d is not None:
                 self.feed(attr, self.value(d, f"{attr} of {name}", 1))
         cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
@@ -554,22 +562,28 @@ class _Walker:
             if base is _MISSING:
                 builtins = g.get("__builtins__", {})
                 builtins = vars(builtins) if isinstance(builtins, types.ModuleType) else builtins
-                self.check(get, _MISSING)
+                self.check(get, _MISSING, key=("g", id(g), r.name))
                 if r.name not in builtins:
                     self.feed("undefined", r.name)  # a NameError at trace time, as in any run
                     return
                 base, get = builtins[r.name], _get_item(builtins, r.name)
+                g = builtins
+            where_key: tuple[Any, ...] = ("g", id(g), r.name)
         else:
             cell = cells[r.name]
             get = _get_cell(cell)
             base = get()
-        self.check(get, base, by_value=not r.attrs)
+            where_key = ("c", id(cell))
+        self.check(get, base, by_value=not r.attrs, key=where_key)
         obj, library_owner = base, None
         for i, attr in enumerate(r.attrs):
             if isinstance(obj, types.ModuleType) and _library_of_module(obj) is not None:
                 library_owner = library_owner or obj
             nxt = getattr(obj, attr, _MISSING)
-            self.check(_get_attr(obj, attr), nxt, by_value=i == len(r.attrs) - 1)
+            if library_owner is None:
+                # A library module's attributes are library state, versioned with its code: only
+                # the user's own objects along a chain can change under a running kernel.
+                self.check(_get_attr(obj, attr), nxt, by_value=i == len(r.attrs) - 1, key=("a", id(obj), attr))
             obj = nxt
             if nxt is _MISSING:
                 break  # an AttributeError at trace time, as in any run
