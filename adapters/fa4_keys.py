@@ -54,7 +54,7 @@ def _find_original() -> Any:
         import sys
 
         fn = getattr(sys.modules.get(UTILS), "hash_callable", None)
-        if fn is not None and fn is not _sound:
+        if fn is not None and fn is not hash_callable:
             _original = fn
     return _original
 
@@ -151,10 +151,6 @@ def patch_module(module: Any) -> list[tuple[Any, str, Any]]:
     done = []
     for name, obj in list(vars(module).items()):
         if obj is original:
-            setattr(module, name, _sound)
+            setattr(module, name, hash_callable)
             done.append((module, name, original))
     return done
-
-
-def _sound(func: Any, mixer_attrs: tuple[str, ...] | None = None, set_cute_hash: bool = True) -> str:
-    return hash_callable(func, mixer_attrs, set_cute_hash)
