@@ -294,7 +294,7 @@ class Identity:
                 return False
             if now is not c.expected:
                 return False
-            if c.text is not None and _Walker().value(now, "value", 0) != c.text:
+            if c.text is not None and _value_text(now) != c.text:
                 return False
         return True
 
@@ -358,14 +358,10 @@ class _Walker:
         text = None
         if by_value and _is_mutable(expected):
             try:
-                text = self.mutable_text(expected)
+                text = _value_text(expected)
             except UnkeyableCode:
                 pass  # valuing it for the key raises next, naming where it was read
         self.checks.append(_Check(get, expected, text))
-
-    def mutable_text(self, value: Any) -> str:
-        # A fresh walker: re-encoding must not follow or record anything.
-        return _Walker().value(value, "value", 0)
 
     # -- values -------------------------------------------------------------------
     def value(self, v: Any, where: str, depth: int, *, root: bool = False) -> str:
@@ -605,6 +601,12 @@ class _Walker:
         for e in extra:
             self.feed("extra", e)
         return Identity(self.h.hexdigest(), tuple(self.checks))
+
+
+def _value_text(value: Any) -> str:
+    """A mutable value's text, to compare at a re-check: a fresh walker, so that re-encoding
+    follows and records nothing."""
+    return _Walker().value(value, "value", 0)
 
 
 def _name_of(fn: Any) -> str:

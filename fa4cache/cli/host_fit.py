@@ -39,19 +39,6 @@ def host_toolchains() -> dict[str, dict[str, Any]]:
     return out
 
 
-def _flat(desc: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in desc.items():
-        if k in _NOT_REASONS:
-            continue
-        if isinstance(v, dict):
-            for k2, v2 in v.items():
-                out[f"{k}.{k2}"] = v2
-        else:
-            out[k] = v
-    return out
-
-
 def why_not(theirs: dict[str, Any] | None, mine: dict[str, dict[str, Any]], where: str) -> str:
     """Why a toolchain described by ``theirs`` serves none of ``mine``: its differences from
     the closest, in words, with the fix for the first field that has one."""
@@ -62,10 +49,11 @@ def why_not(theirs: dict[str, Any] | None, mine: dict[str, dict[str, Any]], wher
             "it was made by an older fa4cache, whose keys this one never looks up: "
             "`fa4cache prune --fingerprint stale` removes it, `fa4cache warm` makes the kernels anew"
         )
+    from fa4cache.store.nearmiss import diff
+
     best: list[tuple[str, Any, Any]] | None = None
     for desc in mine.values():
-        a, b = _flat(desc), _flat(theirs)
-        diffs = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diffs = [d for d in diff(desc, theirs) if d[0].split(".")[0] not in _NOT_REASONS]
         if best is None or len(diffs) < len(best):
             best = diffs
     if not best:
