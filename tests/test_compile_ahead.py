@@ -79,7 +79,9 @@ def test_no_worker_outlives_its_parent_killed_with_sigkill(tmp_path: Path) -> No
                 pids = json.loads(line[len("WORKERS ") :])
                 break
         assert len(pids) >= 2, proc.stderr.read() if proc.stderr else ""  # the server and its workers
-        assert all(alive(p) for p in pids)  # still compiling when the parent dies
+        # The server and at least one worker are still at work when the parent dies (a
+        # short kernel's worker may already have finished on a slow machine).
+        assert alive(pids[0]) and any(alive(p) for p in pids[1:]), pids
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 3
