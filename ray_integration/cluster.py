@@ -49,6 +49,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fa4cache.settings import setting
@@ -289,10 +290,11 @@ class ClusterTier:
 
     name = "cluster"
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, root: Path) -> None:
         # Cheap and Ray-free: the store is built in the worker setup hook and in processes
-        # that never join a cluster; the first lookup connects.
-        self.store = store
+        # that never join a cluster; the first lookup connects. Bytes reach the cluster by
+        # announcing local copies (served from ``root``), never by pushing.
+        self.root = Path(root)
         self.last_fetch_seconds = 0.0
         self.last_source = ""  # the node the last fetch came from (a copy's provenance)
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
@@ -349,7 +351,7 @@ class ClusterTier:
             )
             .remote()
         )
-        self._server_name = server_name(self._node, self.store.root, self._job)
+        self._server_name = server_name(self._node, self.root, self._job)
         self._server = (
             ray.remote(NodeServer)
             .options(
@@ -361,7 +363,7 @@ class ClusterTier:
                 max_concurrency=4,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(self._node, soft=False),
             )
-            .remote(str(self.store.root))
+            .remote(str(self.root))
         )
         for name, h in ((registry_name(self._job), registry), (self._server_name, self._server)):
             self._own(name, h)  # get_if_exists hands back whoever took the name first
@@ -455,9 +457,6 @@ class ClusterTier:
             self.last_source = f"cluster node {node} ({server})"
             return art
         return None
-
-    def put(self, art: Artifact) -> bool:
-        return False  # bytes reach the cluster by announcing local copies, never by pushing
 
     # -- leases and announcements (Store.acquire / Store.publish call these) --------------
     def acquire(self, digest: str, wait: float) -> bool:

@@ -39,7 +39,7 @@ from .secure_io import (
     unlink_quiet,
 )
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, UseRecord
-from .tiers import Artifact, LocalDir, ReadOnlyBase, Tier, load_tier_class
+from .tiers import Artifact, LocalDir, ReadOnlyBase, RemoteTier, Tier, load_tier_class
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,11 @@ class Store:
             if b is not None
         )
         self.local = (
-            LocalDir(self.root, self._report, self.locks, self.counters, self._put_local)
+            LocalDir(self.root, self._report, self.locks, self.counters)
             if self.writable
             else None
         )
-        self.remote: Tier | None = self._remote_tier()
+        self.remote: RemoteTier | None = self._remote_tier()
         self.tiers: tuple[Tier, ...] = self._build_tiers()
 
     @classmethod
@@ -95,12 +95,15 @@ class Store:
         local = [self.local] if self.local else []
         return tuple(local + bases + ([self.remote] if self.remote else []))
 
-    def _remote_tier(self) -> Tier | None:
+    def _remote_tier(self) -> RemoteTier | None:
         spec = self.settings.remote_tier
         if not spec or not self.writable:  # fetched bytes load from the local directory only
             return None
         try:
-            return load_tier_class(spec)(self)
+            tier = load_tier_class(spec)(self.root)
+            if not isinstance(tier, RemoteTier):
+                raise TypeError(f"{spec} lacks {RemoteTier.__name__}'s get/acquire/release/announce")
+            return tier
         except Exception as e:  # an unreachable cluster is a local compile, never a failure
             self._warn_once(
                 "remote", f"fa4cache: remote tier {spec} unavailable ({type(e).__name__}: {e}); local only"
@@ -119,13 +122,12 @@ class Store:
         very kernel) up to the lock timeout. None when no lock can be had: read-only
         store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
         lk = self._acquire_local(digest, timeout=timeout)
-        lease = getattr(self.remote, "acquire", None)
-        if lk is None or lease is None:
+        if lk is None or self.remote is None:
             return lk
-        # The node's lock is held: other processes here wait on it. Now the cluster-wide
+        # The node's lock is held: other processes here wait on it. Now the job-wide
         # lease (or a wait for the node that holds it); True means this process compiles.
         wait = self.settings.lock_timeout if timeout is None else timeout
-        return _LeasedLock(lk, self.remote, digest) if lease(digest, wait) else lk
+        return _LeasedLock(lk, self.remote, digest) if self.remote.acquire(digest, wait) else lk
 
     def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
         if not self.writable:
@@ -179,8 +181,8 @@ class Store:
                 continue
             if tier is self.remote:
                 self.counters.add("remote_hits")
-                self.counters.add("remote_seconds", getattr(tier, "last_fetch_seconds", 0.0))
-                via = getattr(tier, "last_source", "") or tier.name
+                self.counters.add("remote_seconds", self.remote.last_fetch_seconds)
+                via = self.remote.last_source or tier.name
                 self.publish_bytes(ref, art.data, received=f"{via}"[:1024], **art.sidecar.facts())
             return art
         return None
@@ -321,9 +323,8 @@ class Store:
             self._publish_failed(e)
             return False
         self._write_use(ref, time.time(), hit=False)
-        announce = getattr(self.remote, "announce", None)
-        if announce is not None:
-            announce(ref)  # this node now holds a copy it can serve
+        if self.remote is not None:
+            self.remote.announce(ref)  # this node now holds a copy it can serve
         return True
 
     def _withdraw_if_superseded(self, ref: EntryRef, ours: int) -> None:
@@ -354,9 +355,6 @@ class Store:
             return False
         return self.publish(ref, staged, **facts)
 
-    def _put_local(self, art: Artifact) -> bool:
-        return self.publish_bytes(art.ref, art.data, **art.sidecar.facts())
-
     def _publish_failed(self, e: Exception) -> None:
         self.counters.add("publish_errors")
         self._warn_once(
@@ -381,7 +379,7 @@ def _origin() -> dict[str, Any]:
 class _LeasedLock:
     """A key's node lock plus its cluster lease: releasing it (``locks.release``) ends both."""
 
-    def __init__(self, lock: Any, remote: Any, digest: str) -> None:
+    def __init__(self, lock: Any, remote: RemoteTier, digest: str) -> None:
         self.lock, self.remote, self.digest = lock, remote, digest
 
     def release(self, force: bool = False) -> None:

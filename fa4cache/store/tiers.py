@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fa4cache.errors import InsecurePath
 
@@ -80,8 +80,33 @@ class Tier(Protocol):
         """Verified bytes of ``ref``, or None (a miss, an untrusted or a corrupt entry)."""
         ...
 
-    def put(self, art: Artifact) -> bool:
-        """Keep ``art`` (already verified); False where this tier does not take entries."""
+
+@runtime_checkable
+class RemoteTier(Tier, Protocol):
+    """A tier shared with other nodes of a job (the Ray cluster's, torch.distributed's).
+
+    Named by ``FA4CACHE_REMOTE_TIER=module:Class`` and built as ``Class(root)``, with the
+    local store's directory (a node serves its copies from there). Construction must be
+    cheap and must not connect: stores are built in processes that never join a job.
+    Every method is best effort: a tier that cannot reach its job answers a miss (``get``),
+    "compile it here" (``acquire``), or nothing, and never raises into a load or a compile.
+    """
+
+    last_fetch_seconds: float  # how long the last successful ``get`` took
+    last_source: str  # where its bytes came from (a node, a rank): the copy's provenance
+
+    def acquire(self, digest: str, wait: float) -> bool:
+        """Take the job-wide compile lease of ``digest``: True means this process compiles
+        it; False means another node published it meanwhile, or the lease could not be had
+        within ``wait`` seconds (the caller then looks again, or compiles anyway)."""
+        ...
+
+    def release(self, digest: str) -> None:
+        """End a lease taken by :meth:`acquire` (after the publish, or on failure)."""
+        ...
+
+    def announce(self, ref: EntryRef) -> None:
+        """This node now holds a verified copy of ``ref`` it can serve to the others."""
         ...
 
 
@@ -222,10 +247,6 @@ class _DirTier:
     def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
         raise NotImplementedError
 
-    def put(self, art: Artifact) -> bool:
-        return False
-
-
 class ReadOnlyBase(_DirTier):
     """A base store: trusted owners only, never written or repaired."""
 
@@ -253,15 +274,10 @@ class LocalDir(_DirTier):
         report: Callable[[str, str, str], None],
         locks: KeyLocks,
         counters: Counters,
-        put: Callable[[Artifact], bool],
     ) -> None:
         super().__init__(root, only_me(), report)
         self._locks = locks
         self._counters = counters
-        self._put = put
-
-    def put(self, art: Artifact) -> bool:
-        return self._put(art)
 
     def _identity(self, ref: EntryRef) -> tuple[tuple[int, int, int] | None, ...]:
         """Which files the entry is now: every publish renames new ones into place."""
