@@ -16,16 +16,9 @@ if __name__ != "fa4cache.adapters":
         f"import fa4cache.adapters, not {__name__}: this package is installed as fa4cache.adapters"
     )
 
-_SUBMODULES = (
-    "artifacts",
-    "compile_cache",
-    "cross_compile",
-    "fa4_interval_masking",
-    "flash_attn",
-    "mask_tiles",
-    "transformers",
-    "warm",
-)
+# The wings: fa4/ (what binds FA4 to the store), jit/ (``jit_cache`` and QuACK), compile/
+# (the compile service), transformers, and install/route (``install()`` and its state).
+_SUBMODULES = ("compile", "fa4", "install", "jit", "route", "transformers")
 
 
 def __getattr__(name: str) -> _typing.Any:

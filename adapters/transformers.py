@@ -49,12 +49,12 @@ import functools
 import logging
 from typing import Any
 
+from fa4cache.adapters.compile import ahead as compile_ahead
+
 import fa4cache
 from fa4cache.errors import quiet_library_warnings
 from fa4cache.ops import kv_cache, packed_attention, step_mask
 from fa4cache.ops.step_mask import set_max_documents
-
-from . import compile_ahead
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ class Trainer:
         from flash_attn.cute import flash_attn_func
 
         from fa4cache.masks import make_document_mask
-        from fa4cache.store.installed import installed_store
+        from fa4cache.store.runtime import installed_store
 
         store = installed_store()
         assert store is not None and type(store.remote).__name__ == "ClusterTier", (
@@ -89,10 +89,10 @@ class Trainer:
     def _cpu_step(self, seed: int) -> dict[str, Any]:
         # --cpu-smoke: the same plumbing with a cross-compiled forward kernel (no GPU numbers).
         import ray
-        from fa4cache.adapters.warm import compile_spec
+        from fa4cache.adapters.compile.warm import compile_spec
 
         from fa4cache.aot.spec import KernelSpec
-        from fa4cache.store.installed import installed_store
+        from fa4cache.store.runtime import installed_store
 
         store = installed_store()
         before = dict(store.counters.values)
@@ -103,7 +103,7 @@ class Trainer:
                 "tokens": 640, "root": str(store.root), **d}  # fmt: skip
 
     def entries(self) -> list[dict[str, Any]]:
-        from fa4cache.store.installed import installed_store
+        from fa4cache.store.runtime import installed_store
 
         s = installed_store()
         out = []
@@ -126,10 +126,10 @@ class Trainer:
         import dataclasses
 
         import ray
-        from fa4cache.adapters.artifacts import load_callable
+        from fa4cache.adapters.fa4.artifacts import load_callable
 
-        from fa4cache.store.installed import installed_store
         from fa4cache.store.paths import EntryRef
+        from fa4cache.store.runtime import installed_store
         from fa4cache.store.store import Store
 
         s = installed_store()
@@ -162,7 +162,7 @@ class Trainer:
         return rows
 
     def totals(self) -> dict[str, Any]:
-        from fa4cache.store.installed import installed_store
+        from fa4cache.store.runtime import installed_store
 
         s = installed_store()
         s.counters.flush()

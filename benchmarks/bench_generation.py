@@ -28,7 +28,7 @@ measured.
 
 Writes generation_h200.{md,json} under $FA4CACHE_RESULTS (or $OUT/results, or
 benchmarks/results). ``--device cpu --shape tiny`` runs the same code paths on the CPU
-(tests/test_bench_generation.py, with the FA4 stand-in).
+(tests/integration/test_bench_generation.py, with the FA4 stand-in).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _config(shape: str, layers: int) -> Any:
 
 
 def _compiles(store: Any) -> int:
-    from fa4cache.adapters.flash_attn import fold_all_hits
+    from fa4cache.adapters.fa4.patch import fold_all_hits
 
     fold_all_hits()
     store.counters.flush()

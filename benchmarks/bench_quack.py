@@ -105,7 +105,7 @@ def worker(args: argparse.Namespace) -> None:
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t_start}
     if args.warm_quack:  # what `fa4cache warm --hf-config ... --with-quack --tokens B*S` compiles
-        from fa4cache.adapters.warm_quack import quack_calls, warm_jit
+        from fa4cache.adapters.compile.warm_jit import quack_calls, warm_jit
 
         t0 = time.perf_counter()
         rs = warm_jit(quack_calls(args.hidden, args.vocab, ["bf16"], [args.batch * args.seqlen]))
@@ -146,8 +146,8 @@ def worker(args: argparse.Namespace) -> None:
     grads = {k: t.grad.detach().cpu() for k, t in m.items() if hasattr(t, "grad") and t.grad is not None}
     torch.save({"loss": loss.detach().cpu(), **grads}, args.tensors)
     if store is not None:
-        import fa4cache.adapters.flash_attn as fa
-        from fa4cache.adapters.jit_cache import fold_all_hits
+        import fa4cache.adapters.fa4.patch as fa
+        from fa4cache.adapters.jit.jit_cache import fold_all_hits
 
         fa.fold_all_hits()
         fold_all_hits()

@@ -30,7 +30,7 @@ def trainer_class() -> Any:
             from flash_attn.cute import flash_attn_func
 
             from fa4cache.masks import make_document_mask
-            from fa4cache.store.installed import installed_store
+            from fa4cache.store.runtime import installed_store
 
             store = installed_store()
             assert store is not None, "the runtime_env hook did not install fa4cache"
@@ -58,7 +58,7 @@ def trainer_class() -> Any:
             }
 
         def totals(self) -> dict[str, Any]:
-            from fa4cache.store.installed import installed_store
+            from fa4cache.store.runtime import installed_store
 
             s = installed_store()
             s.counters.flush()

@@ -6,12 +6,12 @@
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=cluster the cluster-tier benchmark (two Ray nodes, one per GPU; issue 27)
-#   PART=fuzz    the mask fuzz test only (tests/test_gpu_fuzz.py, 8 processes)
+#   PART=fuzz    the mask fuzz test only (tests/gpu/test_gpu_fuzz.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
 #   PART=cross   a bundle warmed on the CPU machine served here with 0 compiles (benchmarks/cross_host.py)
 #   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
-#   PART=generation  generate / generate_batch on FA4: tests/test_gpu_generation.py + bench_generation.py
+#   PART=generation  generate / generate_batch on FA4: tests/gpu/test_gpu_generation.py + bench_generation.py
 #                (GENERATION_ARGS: the benchmark's options)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
@@ -47,7 +47,7 @@ if has tests || has fuzz; then
   export FA4CACHE_FUZZ_SEED=${FA4CACHE_FUZZ_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(1 << 30))")}
   echo "FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log"
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu -n 8 "$repo/tests/test_gpu_fuzz.py" > "$res/gpu_fuzz.log" 2>&1)
+     -o addopts="" -m gpu -n 8 "$repo/tests/gpu/test_gpu_fuzz.py" > "$res/gpu_fuzz.log" 2>&1)
   # The whole log first, then the summary from it: a pipe into head would cut pytest short.
   grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" "$res/gpu_fuzz.log" | head -80 | tee -a "$out/run.log"
   echo "fuzz wall time: $(( $(date +%s) - start )) s, FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
@@ -56,7 +56,7 @@ if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/test_gpu.py" "$repo/tests/test_gpu_transformers.py" > "$res/gpu_tests.log" 2>&1)
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/gpu/test_gpu.py" "$repo/tests/gpu/test_gpu_transformers.py" > "$res/gpu_tests.log" 2>&1)
   grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_tests.log" | head -60 | tee -a "$out/run.log"
 fi
 if has tests || has masks; then
@@ -83,7 +83,7 @@ if has generation; then
   # Generation on FA4 (KV cache, continuous batching, CUDA graphs): GPU tests, then the benchmark.
   # A time limit, so that the benchmark still runs if a test hangs; the log names the slowest tests.
   (cd /tmp && timeout 330 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu --durations=8 "$repo/tests/test_gpu_generation.py" > "$res/gpu_generation_tests.log" 2>&1)
+     -o addopts="" -m gpu --durations=8 "$repo/tests/gpu/test_gpu_generation.py" > "$res/gpu_generation_tests.log" 2>&1)
   grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests.log" | head -40 | tee -a "$out/run.log"
   # The benchmark keeps to its --budget (default 130 s after imports); this timeout is a backstop
   # (on SIGTERM it writes its table and exits).

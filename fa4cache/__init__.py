@@ -58,8 +58,8 @@ __all__ = [
 # Lazily resolved names: module they live in.
 _LAZY = {
     "Store": "fa4cache.store",
-    "install": "fa4cache.adapters.installer",
-    "uninstall": "fa4cache.adapters.installer",
+    "install": "fa4cache.adapters.install",
+    "uninstall": "fa4cache.adapters.install",
     "stats": "fa4cache.store.stats",
     "env": "fa4cache.ray_integration",
     "make_document_mask": "fa4cache.masks",
@@ -69,7 +69,7 @@ _LAZY = {
     "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.aot.spec",
     "attention": "fa4cache.ops.attention",
-    "jit_cache": "fa4cache.adapters.jit_cache",
+    "jit_cache": "fa4cache.adapters.jit.jit_cache",
     "expect_warm": "fa4cache.warmth",
     "UnexpectedCompile": "fa4cache.warmth",
 }
@@ -79,8 +79,8 @@ _LAZY = {
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:
-    from fa4cache.adapters.installer import install, uninstall
-    from fa4cache.adapters.jit_cache import jit_cache
+    from fa4cache.adapters.install import install, uninstall
+    from fa4cache.adapters.jit.jit_cache import jit_cache
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats

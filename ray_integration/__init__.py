@@ -16,7 +16,7 @@ if __name__ != "fa4cache.ray_integration":
     )
 
 
-from .prewarm import prewarm
-from .runtime_env import env
+from fa4cache.ray_integration.prewarm import prewarm
+from fa4cache.ray_integration.runtime_env import env
 
 __all__ = ["env", "prewarm"]

@@ -24,7 +24,7 @@ _warned_network = False
 def setup() -> None:
     """Resolve node-local paths, check the directory, install fa4cache, chain the user's hook."""
     global _warned_network
-    from fa4cache.adapters.installer import install
+    from fa4cache.adapters.install import install
 
     from fa4cache.store.fsinfo import is_network_fs, mount_for
 

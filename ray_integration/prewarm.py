@@ -24,7 +24,7 @@ def _warm_on_node(spec_dicts: list[dict[str, Any]]) -> dict[str, Any]:
     # Runs inside a Ray task; the runtime_env's env_vars carry the cache settings.
     import os
 
-    from fa4cache.adapters.warm import set_cross_compile_env, warm
+    from fa4cache.adapters.compile import set_cross_compile_env, warm
 
     from fa4cache.aot.spec import KernelSpec
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fa4cache.ray_integration.hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
+
 from fa4cache.errors import ConfigError
 from fa4cache.settings import (
     BY_NAME,
@@ -15,8 +17,6 @@ from fa4cache.settings import (
     cache_dir_problem,
     check_placeholders,
 )
-
-from .hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
 HOOK = "fa4cache.ray_integration.hook.setup"
 CLUSTER_TIER = "fa4cache.ray_integration.cluster:ClusterTier"

@@ -58,7 +58,7 @@ def worker_env(cache_dir: Path, **extra: str) -> dict[str, str]:
 
 def start_worker(cache_dir: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.worker", *args],
+        [sys.executable, "-m", "tests.helpers.worker", *args],
         cwd=ROOT,
         env=worker_env(cache_dir, **env),
         stdout=subprocess.PIPE,

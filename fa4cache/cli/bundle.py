@@ -142,7 +142,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def _rebuild_imported(store: Any, refs: tuple[Any, ...]) -> int:
     """Rebuild what was imported; quarantine what differs (the bundle's producer filed bytes
     that its keys do not compile to here)."""
-    from fa4cache.adapters.rebuild import rebuild
+    from fa4cache.adapters.compile import rebuild
 
     r = rebuild(store, only=set(refs))
     print(

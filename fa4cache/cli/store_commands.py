@@ -129,12 +129,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print("[]" if args.json else no_store_line(e))
         return 0
     if args.kind is not None:
-        kinds = sorted({k for tc in store.layout.toolchains() for k in store.layout.kinds(tc)})
+        kinds = store.kinds()
         if args.kind not in kinds:
             held = f"kinds in this store: {', '.join(kinds)}" if kinds else "the store holds no entries yet"
             raise ConfigError(f"--kind: no entries of kind {args.kind!r}; {held}")
     rows = []
-    for e in store.layout.iter_entries(kind=args.kind):
+    for e in store.entries(kind=args.kind):
         side = store.read_sidecar(e.ref)
         use = store.read_use(e.ref)
         rows.append(
@@ -189,7 +189,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def display_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """A sidecar's summary with the dtype as warm and KernelSpec spell it (``bf16``; older
     stores recorded CuTe's ``BFloat16``)."""
-    from fa4cache.adapters.artifacts import short_dtype
+    from fa4cache.store.sidecar import short_dtype
 
     out = dict(summary or {})
     if isinstance(out.get("dtype"), str):
@@ -254,7 +254,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _rebuild(store: Any, args: argparse.Namespace) -> dict[str, Any] | None:
     if args.rebuild is None:
         return None
-    from fa4cache.adapters.rebuild import rebuild
+    from fa4cache.adapters.compile import rebuild
 
     r = rebuild(store, sample=args.rebuild or None)
     row = lambda ref: {"kind": ref.kind, "digest": ref.digest, "toolchain": ref.toolchain}  # noqa: E731
@@ -295,10 +295,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"{no_store_line(e)}: nothing to remove")
         return 0
     rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after, dry_run=args.dry_run)
-    store.counters.flush()
+    store.flush_counters()
     if args.dry_run:
         return _report_dry_run(rep, store)
-    remaining = list(store.layout.iter_entries())
+    remaining = list(store.entries())
     print(
         f"removed {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
         f"{len(remaining)} remain ({human(sum(e.size for e in remaining))})"
@@ -328,7 +328,7 @@ def _report_dry_run(rep: Any, store: Any) -> int:
         )
     for tc in rep.removed_toolchains:
         print(f"would remove empty toolchain directory {tc}")
-    remaining = [e for e in store.layout.iter_entries() if e.ref not in {r.ref for r in rep.removed}]
+    remaining = [e for e in store.entries() if e.ref not in {r.ref for r in rep.removed}]
     print(
         f"dry run: would remove {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
         f"{len(remaining)} would remain ({human(sum(e.size for e in remaining))})"

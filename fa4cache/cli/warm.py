@@ -82,7 +82,7 @@ def _replay_specs(args: argparse.Namespace) -> Replay:
     except NoStoreYet:
         return rep
     seen: dict[str, Any] = {}
-    for e in store.layout.iter_entries():
+    for e in store.entries():
         side = store.read_sidecar(e.ref)
         spec = side.spec if side else None
         try:
@@ -115,10 +115,9 @@ def _replay_specs(args: argparse.Namespace) -> Replay:
 def _replayable(spec: Any) -> Any:
     """What a sidecar's spec replays as: a KernelSpec, a JitCall (QuACK, jit_cache) or a
     generation call (a dict). Raises ConfigError or ValueError for none of these."""
+    from fa4cache.adapters.compile import GENERATION_KEY, check_item
     from fa4cache.aot.jit_spec import JIT_KEY, JitCall
     from fa4cache.aot.spec import KernelSpec
-
-    from ..adapters.warm_generation import GENERATION_KEY, check_item
 
     if isinstance(spec, dict) and JIT_KEY in spec:
         return JitCall.from_dict(spec)
@@ -134,9 +133,8 @@ def _arch_of(item: Any) -> str:
 def _warm_worker(spec_dict: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
     import warnings
 
+    from fa4cache.adapters.compile import warm
     from fa4cache.aot.spec import KernelSpec
-
-    from ..adapters.warm import warm
 
     with warnings.catch_warnings():
         # FA4 and the DSL warn about their own deprecations on every import; not the user's concern here.
@@ -248,7 +246,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     failed = _warm_specs(args, specs, cache_dir) if specs else 0
     if generation:  # --replay of warm --generation's calls
         if not specs:
-            from ..adapters.warm import set_cross_compile_env
+            from fa4cache.adapters.compile import set_cross_compile_env
 
             set_cross_compile_env(generation[0]["arch"])
         failed += _report_generation(generation, cache_dir)
@@ -265,7 +263,7 @@ def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> i
     if len(archs) > 1:
         # FA4 reads its target arch once, at import: one process compiles for one arch.
         raise ConfigError(f"one target arch per run, got {', '.join(archs)}; run warm once per arch (--arch)")
-    from ..adapters.warm import set_cross_compile_env
+    from fa4cache.adapters.compile import set_cross_compile_env
 
     set_cross_compile_env(specs[0].arch)
     from ..arch import describe
@@ -292,7 +290,7 @@ def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> i
 def _run_specs(
     args: argparse.Namespace, specs: list[Any], cache_dir: str, progress: Progress
 ) -> list[tuple[Any, dict[str, Any]]]:
-    from ..adapters.warm_parallel import default_jobs, warm_parallel
+    from fa4cache.adapters.compile import default_jobs, warm_parallel
 
     jobs = args.jobs if args.jobs is not None else default_jobs(specs)
     results: list[tuple[Any, dict[str, Any]]] = []
@@ -400,9 +398,8 @@ class Progress:
 
 
 def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str) -> int:
+    from fa4cache.adapters.compile import generation_items
     from fa4cache.aot.model_config import load_config
-
-    from ..adapters.warm_generation import generation_items
 
     return _report_generation(
         generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH), cache_dir
@@ -410,7 +407,7 @@ def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str
 
 
 def _report_generation(items: list[dict[str, Any]], cache_dir: str) -> int:
-    from ..adapters.warm_generation import warm_generation_items
+    from fa4cache.adapters.compile import warm_generation_items
 
     g = warm_generation_items(items, cache_dir=cache_dir)
     for e in g.errors:

@@ -35,9 +35,8 @@ def calls_from_args(args: argparse.Namespace) -> list[JitCall]:
         return []
     if not args.hf_config:
         raise ConfigError("--with-quack: needs --hf-config (the model's hidden and vocabulary sizes)")
+    from fa4cache.adapters.compile import quack_calls
     from fa4cache.aot.model_config import _DTYPES, _positive_int, load_config
-
-    from ..adapters.warm_quack import quack_calls
 
     cfg = load_config(args.hf_config)
     hidden = _positive_int(cfg, "hidden_size")
@@ -53,7 +52,7 @@ def run(calls: list[JitCall], cache_dir: str) -> int:
     """Warm ``calls`` in this process, print their table; returns how many failed."""
     import warnings
 
-    from ..adapters.warm_quack import warm_jit
+    from fa4cache.adapters.compile import warm_jit
 
     with warnings.catch_warnings():  # the libraries' own deprecations, for this call only
         warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -18,7 +18,7 @@ _KEYS = ("mask_mod", "aux_tensors", "block_sparse_tensors", "block_sparse_tensor
 
 # Block-sparse metadata object (by id) -> the mask holding it: FA4's entry points receive
 # only the metadata, and find the mask here to fit it to the call's head dim
-# (fa4cache.adapters.mask_tiles). Weak: a mask's lifetime is its user's business.
+# (fa4cache.adapters.fa4.mask_tiles). Weak: a mask's lifetime is its user's business.
 _OWNERS: weakref.WeakValueDictionary[int, AttentionMask] = weakref.WeakValueDictionary()
 
 

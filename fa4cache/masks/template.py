@@ -105,7 +105,7 @@ class MaskTemplate:
             mod = self._mods.get(text)
             if mod is None:
                 mod = self.factory(**spec)
-                # The store's key (fa4cache.adapters.fa4_keys) asks this at every call.
+                # The store's key (fa4cache.adapters.fa4.keys) asks this at every call.
                 mod.__fa4cache_identity__ = functools.partial(self._live, mod, text)  # type: ignore[attr-defined]
                 mod.__fa4cache_mask__ = {"template": self.name, "spec": self._normalise(spec)}  # type: ignore[attr-defined]
                 try:

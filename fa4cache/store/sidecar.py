@@ -138,7 +138,7 @@ class Sidecar:
         ``mask=none`` entry) is refused, whatever its checksum. ``required``: an entry from
         elsewhere (a cluster peer, a bundle, a base store) must carry its key text, since
         without it nothing ties its bytes to its digest. Our own compiles may omit a very
-        long key (see ``Installation._export``); those never leave this store.
+        long key (see ``Route._export``); those never leave this store.
         """
         if self.key is None:
             return "no key text, so nothing binds its bytes to its digest" if required else None
@@ -168,3 +168,17 @@ class UseRecord:
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()
+
+
+# CuTe's dtype names -> the names a sidecar's summary, warm, KernelSpec and the CLI use.
+_SHORT_DTYPES = {
+    "BFloat16": "bf16",
+    "Float16": "fp16",
+    "Float32": "fp32",
+    "Float8E4M3FN": "fp8_e4m3",
+    "Float8E5M2": "fp8_e5m2",
+}
+
+
+def short_dtype(name: str) -> str:
+    return _SHORT_DTYPES.get(name, name)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
-from fa4cache.store import installed as runtime
+from fa4cache.store import runtime
 from fa4cache.store.paths import Layout
 
 from . import counters as _counters

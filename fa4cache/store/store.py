@@ -16,13 +16,14 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import InsecurePath
 from fa4cache.fingerprint import load_problem
 from fa4cache.settings import Settings
-from fa4cache.store.paths import TOOLCHAIN_FILE, EntryRef, Layout
+from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
 from . import counters as _counters
 from .locks import KeyLocks
@@ -115,6 +116,44 @@ class Store:
             self._warned.add(tag)
             log.warning(message)
 
+    # ------------------------------------------------------------------ counting
+
+    def count(self, field: str, amount: float = 1, *, kind: str | None = None) -> None:
+        """Add to this process's counter ``field`` (persisted at the next flush)."""
+        self.counters.add(field, amount, kind=kind)
+
+    def count_memory_hits(self, kind: str, n: int) -> None:
+        self.counters.add_memory_hits(kind, n)
+
+    def counted(self, field: str) -> float:
+        """This process's count of ``field`` so far."""
+        return self.counters.values.get(field, 0.0)
+
+    def counts(self) -> dict[str, float]:
+        """A copy of this process's counters."""
+        return dict(self.counters.values)
+
+    def flush_counters(self, *, throttle: float = 0.0) -> None:
+        self.counters.flush(throttle=throttle)
+
+    def fresh_counters(self) -> None:
+        """Start counting anew in this process (a forked worker: its parent counts its own)."""
+        self.counters = _counters.Counters(self.layout.stats_dir if self.writable else None)
+
+    # ------------------------------------------------------------------ entries
+
+    def entries(self, *, toolchain: str | None = None, kind: str | None = None) -> Iterator[EntryInfo]:
+        """Every entry of this store's own directory (trusted directories only)."""
+        return self.layout.iter_entries(toolchain=toolchain, kind=kind)
+
+    def kinds(self) -> list[str]:
+        """The kinds stored under any toolchain."""
+        return sorted({k for tc in self.layout.toolchains() for k in self.layout.kinds(tc)})
+
+    def has(self, ref: EntryRef) -> bool:
+        """Whether this store's directory holds ``ref`` (its sidecar, written last, exists)."""
+        return self.layout.sidecar_path(ref).exists()
+
     # ------------------------------------------------------------------ locks
 
     def acquire(self, digest: str, *, timeout: float | None = None) -> Any | None:
@@ -128,6 +167,14 @@ class Store:
         # lease (or a wait for the node that holds it); True means this process compiles.
         wait = self.settings.lock_timeout if timeout is None else timeout
         return _LeasedLock(lk, self.remote, digest) if self.remote.acquire(digest, wait) else lk
+
+    def try_lock(self, digest: str) -> Any | None:
+        """The key's node lock if free now, else None; OSError if it cannot be used at all."""
+        return self.locks.try_lock(digest)
+
+    def held_by_other(self, digest: str) -> bool:
+        """Whether another process holds the key's node lock (most likely compiling it)."""
+        return self.locks.held_by_other(digest)
 
     def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
         if not self.writable:

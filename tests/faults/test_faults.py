@@ -1,4 +1,4 @@
-"""Issue 6: kill -9, corruption, full disks, read-only stores, dead lock holders, many
+"""Kill -9, corruption, full disks, read-only stores, dead lock holders, many
 processes, and hostile files. Real processes throughout; real compiles where compiles matter."""
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from fa4cache.store import counters as _counters
 from fa4cache.store.maintenance import prune, verify
 from fa4cache.store.paths import LAYOUT, EntryRef
 from fa4cache.store.store import Store
-
-from ..conftest import ROOT, finish, run_worker, start_worker, worker_env
+from tests.conftest import ROOT, finish, run_worker, start_worker, worker_env
 
 NOBODY = 65534
 

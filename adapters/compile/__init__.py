@@ -1,0 +1,47 @@
+"""The compile service: kernels compiled ahead of the step that needs them, in a server
+process beside the job, or in parallel for ``fa4cache warm``.
+
+Its face is the few calls other layers make; the rest (tasks, the server, its workers, the
+planner) is this package's own business. Names load on first use: the CLI imports this
+face without importing torch or FA4.
+
+* :func:`warm`, :func:`warm_parallel`, :func:`warm_jit`, :func:`warm_generation_items`:
+  fill a store from specs (the CLI's ``warm``, Ray's prewarm);
+* :func:`start_model_set`: compile a model's kernel set in the background at model load;
+* :func:`rebuild`: ``verify --rebuild``'s clean compiles to compare bytes against.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
+
+# name -> the module that defines it (full names: the structure report follows them).
+_FACE = {
+    "warm": "fa4cache.adapters.compile.warm",
+    "set_cross_compile_env": "fa4cache.adapters.compile.warm",
+    "WarmResult": "fa4cache.adapters.compile.warm",
+    "warm_parallel": "fa4cache.adapters.compile.parallel",
+    "default_jobs": "fa4cache.adapters.compile.parallel",
+    "warm_jit": "fa4cache.adapters.compile.warm_jit",
+    "quack_calls": "fa4cache.adapters.compile.warm_jit",
+    "warm_generation": "fa4cache.adapters.compile.generation",
+    "warm_generation_items": "fa4cache.adapters.compile.generation",
+    "generation_items": "fa4cache.adapters.compile.generation",
+    "check_item": "fa4cache.adapters.compile.generation",
+    "GENERATION_KEY": "fa4cache.adapters.compile.generation",
+    "start_model_set": "fa4cache.adapters.compile.ahead",
+    "rebuild": "fa4cache.adapters.compile.rebuild",
+}
+
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _FACE:
+        return getattr(_importlib.import_module(_FACE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FACE))

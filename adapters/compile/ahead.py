@@ -1,0 +1,416 @@
+"""Compile-ahead: the kernels a step will need compile side by side, before it asks.
+
+* **Forward miss.** When this process misses on a forward kernel, the backward kernels
+  of the same call (listed by FA4's own keys, :mod:`fa4cache.adapters.compile.kernel_set`) start compiling at once,
+  one per process forked by this process's compile server (:mod:`fa4cache.adapters.compile.server`, a
+  GPU-blind CPU cross-compile that has imported FA4 already), while this process compiles
+  the forward. The backward then finds them in the store, or waits on
+  the lock the worker holds: the per-key lock means no kernel is compiled twice.
+* **Waiting helps.** A process blocked on another's compile of a forward kernel starts the
+  not-yet-started kernels of the same set meanwhile (in its server's children, else in
+  itself), each taken through ``try_lock``.
+* **Model load.** :func:`start_model_set` (called when a transformers model is built for
+  ``attn_implementation="fa4cache"``) starts the model's whole kernel set, as ``warm
+  --hf-config`` lists it.
+* On a GPU host the compile server starts at ``fa4cache.install()`` and imports FA4 beside
+  this process's own imports, so that a cold step never waits for an import; it learns the
+  target at the first miss (when this process already uses its GPU), leaves after a run of
+  forward calls that compiled nothing, and starts again at a later miss.
+
+``FA4CACHE_COMPILE_AHEAD=0`` turns all of it off. ``fa4cache stats`` counts the kernels
+compiled ahead and the compile seconds they kept off the critical path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fa4cache.adapters.compile import kernel_set
+from fa4cache.adapters.compile import server as compile_server
+from fa4cache.adapters.compile.kernel_set import CallJob, Kernel
+from fa4cache.adapters.compile.task import CompileTask
+from fa4cache.adapters.fa4 import compile_cache, events
+from fa4cache.adapters.fa4.events import MissEvent, MissStage
+
+from fa4cache.settings import setting
+from fa4cache.store import runtime
+
+log = logging.getLogger(__name__)
+
+_tl = threading.local()
+_lock = threading.Lock()
+_launched: dict[str, float] = {}  # digest -> when a worker of ours started compiling it
+_server: compile_server.CompileServer | None = None
+_quiet_forwards = 0  # forward calls in a row that compiled nothing
+_model_sets: set[str] = set()
+# Forward calls in a row with no compile after which the server leaves (its memory back):
+# a few steps of a model, whose layers call the forward once each.
+RETIRE_AFTER = 64
+
+
+def enabled() -> bool:
+    return bool(setting("FA4CACHE_COMPILE_AHEAD")) and not compile_cache.ahead_is_off()
+
+
+off = compile_cache.ahead_off  # no compile-ahead in this thread (``warm`` compiles the whole set)
+
+
+# ------------------------------------------------------------------ the forward call
+
+
+def wrap_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """FA4's ``_flash_attn_fwd``, remembering its arguments while it runs (a miss then knows
+    the call whose backward to start)."""
+
+    @functools.wraps(fn)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        prev = getattr(_tl, "call", None)
+        _tl.call = (args, kwargs)
+        watch = prev is None and _server is not None
+        misses = _misses() if watch else 0
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _tl.call = prev
+            if watch:
+                _after_forward(compiled=_misses() != misses)
+
+    forward.__fa4cache_ahead__ = True  # type: ignore[attr-defined]
+    return forward
+
+
+_BWD_SHARED = (
+    "softmax_scale", "causal", "window_size_left", "window_size_right", "cu_seqlens_q", "cu_seqlens_k",
+    "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k", "score_mod", "mask_mod", "aux_tensors",
+    "aux_scalars", "learnable_sink",
+)  # fmt: skip
+
+
+def backward_job(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallJob | None:
+    """The ``_flash_attn_bwd`` call that autograd makes for this forward call, as a job
+    that travels to a worker; None when there is no backward to compile (no input needs a
+    gradient, a decode call) or the call cannot travel (a callable that does not pickle)."""
+    import inspect
+
+    from fa4cache.adapters.fa4.mask_tiles import fit_to_head_dim
+    from flash_attn.cute import interface as fi
+
+    p = inspect.signature(fi._flash_attn_fwd).bind(*args, **kwargs).arguments
+    q, k, v = p.get("q"), p.get("k"), p.get("v")
+    if q is None or k is None or v is None or p.get("qv") is not None or p.get("page_table") is not None:
+        return None
+    from flash_attn.cute.testing import is_fake_mode
+
+    # A cross-compile (fake tensors) cannot say whether a gradient will be asked: assume so.
+    if not is_fake_mode() and not any(t.requires_grad for t in (q, k, v)):
+        return None
+    kw = {n: p[n] for n in _BWD_SHARED if p.get(n) is not None}
+    kw["softcap"] = p.get("softcap") or 0.0
+    bst = p.get("block_sparse_tensors")
+    if bst is not None:
+        from fa4cache.masks.mask import AttentionMask
+
+        mask = AttentionMask.owning(bst)
+        if mask is None or mask.block_sparse_tensors_bwd is None:
+            return None
+        kw["block_sparse_tensors"] = fit_to_head_dim(q, mask.block_sparse_tensors_bwd)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    out = kernel_set.TensorMeta(out_shape, _contiguous(out_shape), str(q.dtype).removeprefix("torch."))
+    lse = p.get("lse")
+    if lse is None:
+        varlen = q.dim() == 3
+        lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+        lse = kernel_set.TensorMeta(lse_shape, _contiguous(lse_shape), "float32")
+    try:
+        qkv = tuple(kernel_set.describe(t) for t in (q, k, v))
+        return CallJob(
+            "_flash_attn_bwd",
+            (*qkv, out, out, kernel_set.describe(lse)),
+            kernel_set.describe(kw),
+        )
+    except TypeError as e:
+        log.debug("fa4cache: no compile-ahead for this call: %s", e)
+        return None
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+# ------------------------------------------------------------------ miss events
+
+
+def _on_miss(event: MissEvent) -> None:
+    ref = event.ref
+    if event.stage is MissStage.LOADED:
+        _count_saved(ref, event.waited)
+        return
+    if event.kind != "fwd" or not enabled():
+        return
+    call = getattr(_tl, "call", None)
+    if call is None or getattr(_tl, "busy", False):
+        return
+    _tl.busy = True
+    try:
+        if event.stage is MissStage.COMPILING:
+            _start_backward(call)
+        elif event.stage is MissStage.WAITING:
+            if _server is not None and _server.proc.poll() is None:
+                # The server's children take them (it imported FA4 long ago): this process
+                # stays free to load the forward the moment it is published. One worker:
+                # the process compiling the forward has most likely started them already.
+                _start_backward(call, kernels=1)
+            else:
+                _help_while_held(call, ref)
+    finally:
+        _tl.busy = False
+
+
+events.listen(_on_miss)
+
+
+def _missing(kernels: list[Kernel]) -> list[Kernel]:
+    store = runtime.installed_store()
+    tc = runtime.current_toolchain()
+    if store is None or tc is None or not store.writable:
+        return []
+    from fa4cache.store.paths import EntryRef
+
+    with _lock:
+        launched = set(_launched)
+    return [
+        k
+        for k in kernels
+        if k.digest not in launched
+        and not store.has(EntryRef(tc.id, k.kind, k.digest))
+    ]
+
+
+def _plan_backward(call: tuple[Any, Any]) -> tuple[CallJob, list[Kernel]] | None:
+    job = backward_job(*call)
+    if job is None:
+        return None
+    return job, _missing(kernel_set.plan(job.run))
+
+
+# A backward's kernels: preprocess, the backward, and one or two postprocess conversions.
+BACKWARD_KERNELS = 4
+
+
+def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> None:
+    """Hand the backward of ``call`` to the server's workers, as many as ``kernels`` (within
+    this process's share of the cores). Its kernels are listed there, not here: this runs
+    between a forward's miss and its compile, on the critical path."""
+    store = runtime.installed_store()
+    tc = runtime.current_toolchain()
+    if store is None or tc is None or not store.writable:
+        return
+    job = backward_job(*call)
+    if job is None:
+        return
+    server = _get_server()
+    if server is None:
+        return
+    n = _children(kernels)
+    # No targets: each worker lists the job's kernels and takes those nobody holds or has.
+    task = CompileTask(jobs=(job,), ahead=True, toolchain=tc.id, fork=n)
+    server.submit(task)
+    log.info("fa4cache: compiling the backward kernels ahead in %d background worker(s)", n)
+
+
+def _help_while_held(call: tuple[Any, Any], ref: Any) -> None:
+    """Blocked on another process's forward compile: compile the backward kernels of this
+    call that nobody has started, until the forward is published."""
+    store = runtime.installed_store()
+    if store is None or not store.held_by_other(ref.digest):
+        return
+    planned = _plan_backward(call)
+    if not planned:
+        return
+    job, kernels = planned
+    for k in kernels:
+        if not store.held_by_other(ref.digest):
+            return
+        try:
+            held = store.try_lock(k.digest)
+        except OSError:
+            return
+        if held is None:
+            continue  # someone is compiling it already
+        t0 = time.perf_counter()
+        outcome = kernel_set.compile_one(job.run, k, held)
+        if outcome == "compiled":
+            store.count("ahead_compiles")
+            store.count("ahead_saved_seconds", time.perf_counter() - t0)
+            log.info("fa4cache: compiled %s while waiting for another process's forward", k.kind)
+
+
+def _count_saved(ref: Any, waited: float) -> None:
+    with _lock:
+        started = _launched.pop(ref.digest, None)
+    if started is None:
+        return
+    store = runtime.installed_store()
+    if store is None:
+        return
+    side = store.read_sidecar(ref)
+    seconds = getattr(side, "compile_seconds", None) if side is not None else None
+    if seconds:
+        store.count("ahead_saved_seconds", max(0.0, float(seconds) - waited))
+
+
+def _started(kind: str, digest: str) -> None:
+    with _lock:
+        _launched.setdefault(digest, time.perf_counter())
+
+
+# ------------------------------------------------------------------ the compile server
+
+
+def _children(kernels: int) -> int:
+    """Workers for ``kernels`` kernels: this process's share of the node's CPU cores
+    (``LOCAL_WORLD_SIZE`` processes, as torchrun sets it, share them)."""
+    import os
+
+    per_node = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)
+    return max(1, min(kernels, compile_server.cpu_count() // per_node))
+
+
+def _server_env() -> dict[str, str] | None:
+    """What the server compiles for: this process's target and store (asks the GPU)."""
+    store = runtime.installed_store()
+    env = compile_server.target_env()
+    if store is None or not store.writable or env is None:
+        return None
+    env["FA4CACHE_DIR"] = str(store.root)
+    return env
+
+
+def _get_server(*, configure: bool = True) -> compile_server.CompileServer | None:
+    """This process's compile server (started, GPU-blind, if there is none); with
+    ``configure``, told this process's target, or None when there is none to tell."""
+    global _server
+    env = _server_env() if configure else None
+    if configure and env is None:
+        return None
+    with _lock:
+        if _server is None or _server.proc.poll() is not None:
+            store = runtime.installed_store()
+            if store is None or not store.writable:
+                return None
+            _server = compile_server.CompileServer(None, on_started=_started, keep_results=False)
+        server = _server
+    if env is not None:
+        server.configure(env)
+    return server
+
+
+def start_server_at_install() -> None:
+    """On a GPU host, start the compile server now: it imports FA4 while this process goes
+    on with its own imports and setup, so that a cold first step never waits for it.
+    CPU-only processes start it at a miss."""
+    from fa4cache.arch import cuda_devices_visible
+
+    if _server is None and enabled() and cuda_devices_visible():
+        _get_server(configure=False)
+
+
+def _after_forward(*, compiled: bool) -> None:
+    global _quiet_forwards
+    _quiet_forwards = 0 if compiled else _quiet_forwards + 1
+    if _quiet_forwards >= RETIRE_AFTER:
+        _retire_server()
+
+
+def _misses() -> float:
+    store = runtime.installed_store()
+    return store.counted("misses") if store is not None else 0
+
+
+def _retire_server() -> None:
+    """The server leaves once its children are done (a later miss starts another)."""
+    global _server, _quiet_forwards
+    with _lock:
+        server, _server = _server, None
+    _quiet_forwards = 0
+    if server is not None:
+        server.close(wait=False)
+
+
+# ------------------------------------------------------------------ model load
+
+
+def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
+    """Start compiling ``specs`` (a model's kernel set) in background workers; returns the
+    server that forks them."""
+    import json
+
+    if not specs or not enabled():
+        return []
+    sig = json.dumps([s.to_dict() for s in specs], sort_keys=True)
+    with _lock:
+        if sig in _model_sets:
+            return []
+        _model_sets.add(sig)
+    server = _get_server()
+    if server is None:
+        return []
+    from fa4cache.adapters.compile.parallel import default_jobs
+
+    n = _children(default_jobs(specs))
+    task = CompileTask(jobs=tuple(kernel_set.SpecJob(s.to_dict()) for s in specs), ahead=True, fork=n)
+    server.submit(task)
+    # Ahead of any need: an exit does not wait for it (what was stored by then is kept).
+    server.finish_at_exit = False
+    log.info(
+        "fa4cache: compiling the kernel set of %s in %d background worker(s)",
+        "; ".join(s.label() for s in specs),
+        n,
+    )
+    return [server]
+
+
+def specs_of_config(config: Any) -> list[Any]:
+    """The specs ``warm --hf-config`` computes, from a transformers config object."""
+    from fa4cache.aot.model_config import specs_for
+
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    if "num_attention_heads" not in d and isinstance(d.get("text_config"), dict):
+        d = d["text_config"]
+    return specs_for(d)
+
+
+def watch_model_loads() -> None:
+    """A transformers model built with ``attn_implementation="fa4cache"`` starts its kernel set
+    compiling in the background (hooked on ``PreTrainedModel.post_init``, once)."""
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.post_init
+    if getattr(original, "__fa4cache_compile_ahead__", False):
+        return
+
+    @functools.wraps(original)
+    def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            if enabled() and getattr(self.config, "_attn_implementation", None) == "fa4cache":
+                start_model_set(specs_of_config(self.config))
+        except Exception as e:  # the model must load whatever happens here
+            # An optimisation skipped, not a problem: a shape warm cannot list compiles at its step.
+            log.info("fa4cache: not compiling the model's kernels ahead (%s: %s)", type(e).__name__, e)
+        return result
+
+    post_init.__fa4cache_compile_ahead__ = True  # type: ignore[attr-defined]
+    PreTrainedModel.post_init = post_init  # type: ignore[method-assign]
+
+
+events.wrap_forward(wrap_forward)

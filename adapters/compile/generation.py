@@ -1,0 +1,157 @@
+"""``fa4cache warm --hf-config PATH --generation``: cross-compile, on the CPU, the FA4
+kernels that generation with ``attn_implementation="fa4cache"`` runs for that model
+(:mod:`.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
+continuous-batching step (decode, and steps with prompts), for full and sliding layers.
+
+Each is one call of the adapter's own op body on fake CUDA tensors (the per-row lengths
+are computed on real CPU tensors first, as the masks of the packed path are); batch size
+and cache length do not reach FA4's compile key, so one representative shape per kind
+covers them all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fa4cache.errors import quiet_library_warnings
+
+# Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
+_PREFILL_QUERIES = 256
+
+
+@dataclass(frozen=True)
+class GenerationWarm:
+    kernels: int  # calls made (one per kernel kind)
+    compiles: int
+    present: int
+    seconds: float
+    errors: tuple[str, ...]
+
+
+def _shapes(cfg: dict[str, Any]) -> tuple[int, int, int, list[int | None], float]:
+    from fa4cache.aot.model_config import _positive_int, sliding_window
+
+    heads = _positive_int(cfg, "num_attention_heads")
+    heads_kv = _positive_int(cfg, "num_key_value_heads") if "num_key_value_heads" in cfg else heads
+    head_dim = cfg.get("head_dim") or _positive_int(cfg, "hidden_size") // heads
+    w = sliding_window(cfg)
+    types = cfg.get("layer_types")
+    windows: list[int | None] = [None]
+    if w is not None:  # transformers' window of w keys is FA4's w - 1 before the query
+        some_full = isinstance(types, list) and "full_attention" in types
+        windows = ([None] if some_full else []) + [w - 1]
+    return heads, heads_kv, head_dim, windows, float(cfg.get("attn_logit_softcapping") or 0.0)
+
+
+def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap: float, dtype: Any) -> None:
+    import torch
+    from fa4cache.adapters.compile.warm import _absorb_fake_data_ptr_warning
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4cache.ops import kv_cache
+
+    B, T = 2, 300
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :5] = False
+    real_sequences = kv_cache.sequences
+    try:
+        for Tq in (1, _PREFILL_QUERIES):
+            lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
+            with FakeTensorMode(), torch.no_grad():
+                # torch warns once per process when the DSL reads a fake tensor's data pointer,
+                # from C++ where no filter applies: take that warning here, filtered (-j warm
+                # workers took theirs in their own processes, not in this one).
+                _absorb_fake_data_ptr_warning()
+                fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
+                kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
+                q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
+                k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
+                kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
+                # Continuous batching: the step's queries against each sequence's keys.
+                n_q = B if Tq == 1 else _PREFILL_QUERIES
+                cq = torch.empty(B + 1, dtype=torch.int32, device="cuda")
+                ck = torch.empty(B + 1, dtype=torch.int32, device="cuda")
+                q = torch.empty(1, heads, n_q, head_dim, dtype=dtype, device="cuda")
+                k = torch.empty(1, heads_kv, 2 * T, head_dim, dtype=dtype, device="cuda")
+                max_q = 1 if Tq == 1 else _PREFILL_QUERIES // 2
+                kv_cache.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
+    finally:
+        kv_cache.sequences = real_sequences  # type: ignore[assignment]
+
+
+GENERATION_KEY = "generation"  # a sidecar spec {"generation": {...}, "arch": ...}: warm --replay
+
+
+def generation_items(cfg: dict[str, Any], dtypes: list[str], arch: str) -> list[dict[str, Any]]:
+    """The generation calls of the model ``cfg``, one per dtype and window, as the specs their
+    entries record (``warm --replay`` compiles them again from these)."""
+    heads, heads_kv, head_dim, windows, softcap = _shapes(cfg)
+    shape = {"heads": heads, "heads_kv": heads_kv, "head_dim": head_dim, "softcap": softcap}
+    return [
+        {GENERATION_KEY: {**shape, "dtype": d, "window": window}, "arch": arch}
+        for d in dtypes
+        for window in windows
+    ]
+
+
+def check_item(item: Any) -> dict[str, Any]:
+    """A recorded generation spec, checked (``ValueError`` for one this version cannot run)."""
+    g = item.get(GENERATION_KEY) if isinstance(item, dict) else None
+    ok = (
+        isinstance(g, dict)
+        and all(
+            isinstance(g.get(k), int) and not isinstance(g.get(k), bool)
+            for k in ("heads", "heads_kv", "head_dim")
+        )
+        and g.get("dtype") in ("bf16", "fp16")
+        and (g.get("window") is None or isinstance(g.get("window"), int))
+        and isinstance(g.get("softcap"), (int, float))
+        and isinstance(item.get("arch"), str)
+    )
+    if not ok:
+        raise ValueError(f"not a generation spec: {item!r:.120}")
+    return item
+
+
+def warm_generation(
+    cfg: dict[str, Any], *, dtypes: list[str], cache_dir: str | None = None, arch: str = "sm_90"
+) -> GenerationWarm:
+    """Compile the generation kernels of the model ``cfg`` (its config.json as a dict) into
+    the store (the cross-compile environment must already be set for the target arch)."""
+    return warm_generation_items(generation_items(cfg, dtypes, arch), cache_dir=cache_dir)
+
+
+def warm_generation_items(items: list[dict[str, Any]], *, cache_dir: str | None = None) -> GenerationWarm:
+    """Compile the generation calls ``items`` (:func:`generation_items`, or what the store
+    recorded) into the store; each entry records its item as its spec."""
+    import torch
+    from fa4cache.adapters.fa4.patch import fold_all_hits, install
+
+    from fa4cache.store.runtime import record_spec
+
+    store = install(cache_dir)
+    fold_all_hits()
+    before = store.counts()
+    t0 = time.perf_counter()
+    errors = []
+    for item in items:
+        g = item[GENERATION_KEY]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[g["dtype"]]
+        try:
+            # quiet: fake tensors, torch's data-pointer warning is noise here
+            with record_spec(item), quiet_library_warnings():
+                _calls(g["heads"], g["heads_kv"], g["head_dim"], g["window"], g["softcap"], dtype)
+        except Exception as e:  # reported by the CLI; the other kinds still compile
+            errors.append(f"{g['dtype']} window={g['window']}: {type(e).__name__}: {e}")
+    fold_all_hits()
+    store.flush_counters()
+    c = store.counts()
+    return GenerationWarm(
+        kernels=4 * len(items),
+        compiles=int(c["compiles"] - before["compiles"]),
+        present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
+        seconds=time.perf_counter() - t0,
+        errors=tuple(errors),
+    )

@@ -1,0 +1,251 @@
+"""Compile servers, seen from the parent: start, hand tasks, collect results, reap.
+
+A server (:mod:`fa4cache.adapters.compile.worker`) cross-compiles on the CPU: it starts with
+``CUDA_VISIBLE_DEVICES=""`` and the target arch and SM count of the kernels the parent
+runs, so it never holds a GPU and its kernels carry the parent's toolchain. It imports
+FA4 once and forks a child per unit of work, so N kernels in flight cost one import, not
+N. It dies with the parent (``PR_SET_PDEATHSIG`` plus a parent-pid check in the server),
+its children with it; on a normal exit the parent ends idle servers and lets busy ones
+finish their kernels (a kernel half-compiled is a kernel lost), except a server doing
+speculative work (a model's kernel set, started at model build: ``finish_at_exit``), which
+is killed, so that an exit never waits on compiles nobody asked for. ``PR_SET_PDEATHSIG`` fires
+when the *thread* that started the server ends, so servers are started from the thread
+calling FA4 (the parent-pid check covers the rest).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fa4cache.adapters.compile.task import CompileTask
+from fa4cache.adapters.compile.worker import PARENT_ENV, encode_task
+
+from fa4cache.arch import (
+    ARCH_ENV,
+    ARCH_VAR,
+    DSL_ARCH_VAR,
+    NUM_SMS_VAR,
+    cross_compile_env,
+    num_sms_or_none,
+    resolved_arch,
+)
+
+log = logging.getLogger(__name__)
+
+TARGET_VARS = (ARCH_VAR, DSL_ARCH_VAR, NUM_SMS_VAR)
+_live: set[CompileServer] = set()
+_live_lock = threading.Lock()
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def target_env(arch: int | None = None, num_sms: int | None = None) -> dict[str, str] | None:
+    """Environment that makes a GPU-blind worker compile this process's kernels: its arch
+    and SM count (:mod:`fa4cache.arch`: the GPU's, else the cross-compile target's); None
+    when unknown."""
+    arch = arch if arch is not None else resolved_arch()
+    num_sms = num_sms if num_sms is not None else num_sms_or_none()
+    if arch is None or not num_sms or f"sm_{arch}" not in ARCH_ENV:
+        return None
+    return cross_compile_env(f"sm_{arch}", num_sms)
+
+
+class CompileServer:
+    """One compile server process. ``on_started(kind, digest)`` is called (from a reader
+    thread) as one of its children starts compiling a kernel."""
+
+    def __init__(
+        self,
+        env: dict[str, str] | None,
+        *,
+        on_started: Callable[[str, str], None] | None = None,
+        keep_results: bool = True,
+    ) -> None:
+        """``env``: the target and store (:func:`target_env` plus ``FA4CACHE_DIR``); None: the
+        server imports FA4 now and waits for :meth:`configure`."""
+        full = dict(os.environ)
+        if env is None:
+            # Imported without a target: the configuration names it (an arch left in this
+            # process's environment could differ from the one its GPU has).
+            for var in TARGET_VARS:
+                full.pop(var, None)
+        full["CUDA_VISIBLE_DEVICES"] = ""  # GPU-blind: never a CUDA context in a worker
+        full["FA4CACHE_COMPILE_AHEAD"] = "0"  # a worker compiles what it is told, nothing ahead
+        full[PARENT_ENV] = str(os.getpid())
+        # -P: the working directory is not put on sys.path (a source checkout there would
+        # shadow the installed package, whose fa4cache.adapters lives elsewhere).
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        self.proc = subprocess.Popen(
+            [sys.executable, *safe_path, "-m", "fa4cache.adapters.compile.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full,
+        )
+        self.started_at = time.perf_counter()
+        self._send_lock = threading.Lock()
+        self.busy = 0
+        # False: speculative work nobody in this process waits for (a model's kernel set,
+        # started at model build): killed at exit instead of finished, so that a script
+        # that builds a model and ends does not wait on compiles it never asked for.
+        self.finish_at_exit = True
+        self.results: collections.deque[dict[str, Any]] = collections.deque()
+        self._result = threading.Condition()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._on_started = on_started
+        self._keep_results = keep_results  # False: fire and forget (results only logged)
+        threading.Thread(target=self._read_stdout, name="fa4cache-worker-out", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="fa4cache-worker-err", daemon=True).start()
+        with _live_lock:
+            _live.add(self)
+        self.configured = False
+        if env is not None:
+            self.configure(env)
+
+    def configure(self, env: dict[str, str]) -> None:
+        """Tell the server the target and store it compiles for (once)."""
+        with self._send_lock:
+            if self.configured:
+                return
+            self.configured = True
+        self._send({"env": env})
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line == "READY":
+                log.debug(
+                    "fa4cache: compile server %d ready in %.2f s",
+                    self.pid,
+                    time.perf_counter() - self.started_at,
+                )
+            elif line.startswith("STARTED "):
+                _, kind, digest = line.split(" ", 2)
+                if self._on_started is not None:
+                    self._on_started(kind, digest)
+            elif line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT ") :])
+                _log_result(result)
+                with self._result:
+                    if self._keep_results:
+                        self.results.append(result)
+                    self.busy -= 1
+                    self._result.notify_all()
+        with self._result:
+            self.busy = 0
+            self._result.notify_all()
+        with _live_lock:
+            _live.discard(self)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def submit(self, task: CompileTask) -> None:
+        """Hand ``task`` to ``task.fork`` children; one result comes per child."""
+        with self._result:
+            self.busy += task.fork
+        if not self._send(task):
+            with self._result:
+                self.busy = 0
+
+    def _send(self, message: CompileTask | dict[str, Any]) -> bool:
+        assert self.proc.stdin is not None
+        try:
+            with self._send_lock:
+                self.proc.stdin.write(encode_task(message))
+                self.proc.stdin.flush()
+        except OSError as e:  # the server died: its kernels are left to the miss path
+            log.debug("fa4cache: compile server %d is gone (%s)", self.pid, e)
+            return False
+        return True
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next child's result (waits); an ``error`` entry if the server died first."""
+        with self._result:
+            self._result.wait_for(lambda: self.results or self.proc.poll() is not None, timeout)
+            if self.results:
+                return self.results.popleft()
+        self.proc.wait()
+        tail = " | ".join(list(self.stderr_tail)[-5:])
+        return {"error": f"compile worker exited with {self.proc.returncode}: {tail[-600:]}", "jobs": []}
+
+    def close(self, *, wait: bool = True) -> None:
+        """Let the worker finish what it was given, then end it (stdin's end is its signal)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        if wait:
+            self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _log_result(result: dict[str, Any]) -> None:
+    if result.get("error"):
+        log.debug("fa4cache: compile worker failed: %s", result["error"])
+    for kind, t0, t1 in result.get("spans", {}).values():
+        log.debug("fa4cache: compile worker %s compiled %s in %.2f s", result.get("pid"), kind, t1 - t0)
+
+
+@atexit.register
+def _reap() -> None:
+    # Busy workers finish their kernel (it lands in the store for the next process); idle
+    # ones (a server still importing FA4, say) end at once: an exit never waits on them.
+    with _live_lock:
+        workers = list(_live)
+    busy = [w for w in workers if w.busy > 0 and w.finish_at_exit]
+    for w in workers:
+        if w in busy:
+            w.close(wait=False)
+        else:
+            w.kill()
+    for w in busy:
+        try:
+            w.proc.wait()
+        except KeyboardInterrupt:
+            w.kill()
+
+
+def can_fork() -> bool:
+    """Whether workers may be forked from this process (sharing its imports): Linux, and no
+    GPU here, so no CUDA state a child could inherit half-made."""
+    from fa4cache.adapters.fa4.cross_compile import gpu_present
+
+    return sys.platform.startswith("linux") and not gpu_present()
+
+
+def fork_run(task: CompileTask, n: int) -> list[dict[str, Any]]:
+    """Run ``task`` in ``n`` children forked from this process, which has installed the store
+    and imported FA4 (a child starts compiling at once and costs no second import); their
+    results, in order. A child dies with this process like a spawned worker."""
+    from fa4cache.adapters.compile import worker as compile_worker
+
+    children = [compile_worker.fork_child(task, progress=False) for _ in range(n)]
+    return [compile_worker.collect(pid, r) for pid, r in children]

@@ -1,0 +1,265 @@
+"""A drop-in for FA4's ``JITCache`` backed by the store, with single-flight misses.
+
+FA4 (4.0.0b36) uses each entry point's ``compile_cache`` as ``if key not in cache:
+cache[key] = cute.compile(...)``, then ``cache[key](*args)``. :class:`StoreCompileCache`
+keeps that protocol:
+
+* ``key in cache`` is a dict lookup when the kernel is in memory (the hot path);
+  otherwise it looks in the store, and on a miss takes the key's cross-process lock
+  and *keeps holding it*, so that other processes wait for this compile instead of
+  repeating it (single-flight);
+* ``cache[key] = fn`` exports ``fn``, publishes it atomically and releases the lock;
+* a compile that raises releases the lock through :func:`guard` around the entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fa4cache.adapters.fa4 import events
+from fa4cache.adapters.fa4.events import MissEvent, MissStage
+from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
+
+from fa4cache import warmth
+from fa4cache.hashing import encode_key, key_digest
+from fa4cache.identity import is_memory_only
+from fa4cache.store import nearmiss
+from fa4cache.store.locks import release
+from fa4cache.store.paths import EntryRef
+
+if TYPE_CHECKING:
+    from fa4cache.fingerprint import Toolchain
+    from fa4cache.store import Artifact, Store
+
+
+class Backend(Protocol):
+    """What a compile cache needs from the route that owns it (:class:`fa4cache.adapters.route.Route`)."""
+
+    store: Store
+    loader: Callable[[Artifact], Any]
+
+    def toolchain(self) -> Toolchain: ...
+
+    def publish(self, cache: StoreCompileCache, key: Any, fn: Any, pending: Any) -> None: ...
+
+
+log = logging.getLogger(__name__)
+_tl = threading.local()
+def select(selector: Callable[[StoreCompileCache, Any], bool] | None) -> Any:
+    """Set this thread's selector (returns the previous one): for a key not in memory,
+    ``selector(cache, key)`` answers ``key in cache`` instead of the miss path. Under
+    ``FakeTensorMode`` FA4 never calls a kernel, so answering True skips its compile: this
+    is how a kernel set is listed, and one kernel of it compiled alone (.kernel_set)."""
+    prev = getattr(_tl, "select", None)
+    _tl.select = selector
+    return prev
+
+
+@contextmanager
+def ahead_off() -> Iterator[None]:
+    """No compile-ahead in this thread (``warm`` compiles the whole set itself)."""
+    prev = getattr(_tl, "ahead_off", False)
+    _tl.ahead_off = True
+    try:
+        yield
+    finally:
+        _tl.ahead_off = prev
+
+
+def ahead_is_off() -> bool:
+    return getattr(_tl, "ahead_off", False)
+
+
+@dataclass
+class _Pending:
+    ref: EntryRef
+    encoded: str
+    lock: Any
+    started: float
+
+
+class StoreCompileCache:
+    """A drop-in for FA4's ``JITCache``, backed by a :class:`~fa4cache.store.Store`."""
+
+    def __init__(self, kind: str, installation: Backend, seed: dict[Any, Any] | None = None) -> None:
+        self.kind = kind
+        self._inst = installation
+        self.cache: dict[Any, Any] = dict(seed or {})  # named like FA4's JITCache.cache
+        self.memory_hits = 0
+        self._folded_hits = 0
+        self._pending: dict[Any, _Pending] = {}
+
+    # -- the protocol FA4 uses ------------------------------------------------------
+    def __contains__(self, key: Any) -> bool:
+        if key in self.cache:
+            self.memory_hits += 1
+            return True
+        sel = getattr(_tl, "select", None)
+        if is_memory_only(key):
+            # Code no key describes completely (.fa4_keys): compiled here, never stored,
+            # listed or shipped to a compile worker.
+            if sel is None:
+                warmth.check(self.kind, "its mask_mod/score_mod cannot be keyed, so it is never stored")
+            return sel is not None
+        if sel is not None:
+            return sel(self, key)
+        return self._miss(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.cache[key]
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self.cache[key] = fn
+        if is_memory_only(key):
+            self._inst.store.count("memory_only_compiles")
+            return
+        pending = self._pending.pop(key, None)
+        try:
+            self._inst.publish(self, key, fn, pending)
+        finally:
+            if pending is not None:
+                _forget_pending(self, key)
+                release(pending.lock)
+
+    # -- dict conveniences ----------------------------------------------------------
+    def get(self, key: Any, default: Any = None) -> Any:
+        # Not self.cache.get: a miss must go through the store (and its lock) like FA4 does.
+        return self[key] if key in self else default  # noqa: SIM401
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.cache)
+
+    def clear(self) -> None:
+        """Forget kernels in memory (the store keeps them)."""
+        self.cache.clear()
+
+    def fold_hits(self) -> None:
+        n = self.memory_hits - self._folded_hits
+        if n:
+            self._folded_hits += n
+            self._inst.store.count_memory_hits(self.kind, n)
+
+    # -- miss path ------------------------------------------------------------------
+    def ref(self, key: Any) -> EntryRef:
+        tc = self._inst.toolchain().id
+        return EntryRef(tc, self.kind, key_digest(tc, self.kind, encode_key(key)))
+
+    def _miss(self, key: Any, held: Any = None) -> bool:
+        """``held``: the key's lock, already taken by the caller (a claimed kernel)."""
+        store = self._inst.store
+        encoded = encode_key(key)
+        ref = self.ref(key)
+        t0 = time.perf_counter()
+        if self._try_load(key, ref, remote=False):
+            release(held)
+            events.notify(MissEvent(MissStage.LOADED, self.kind, key, ref))
+            return True
+        lock = held
+        if lock is None:
+            events.notify(MissEvent(MissStage.WAITING, self.kind, key, ref))
+            lock = store.acquire(ref.digest)
+        if (lock is not None or store.remote is not None) and self._try_load(key, ref):
+            # Another process compiled it while we waited (or another node has it).
+            release(lock)
+            events.notify(MissEvent(MissStage.LOADED, self.kind, key, ref, time.perf_counter() - t0))
+            return True
+        store.count("misses")
+        names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
+        # warm compiles on purpose (ahead_off): its misses are no news, and no unexpected compile.
+        on_purpose = ahead_is_off()
+        why = nearmiss.report(store, ref, encoded, names, quiet=on_purpose)  # which fields differ
+        try:
+            if not on_purpose:
+                warmth.check(self.kind, why)
+        except BaseException:
+            release(lock)
+            raise
+        warmth.note_compile(self.kind, encoded, names)
+        self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
+        _remember_pending(self, key)
+        events.notify(MissEvent(MissStage.COMPILING, self.kind, key, ref))
+        return False
+
+    def _try_load(self, key: Any, ref: EntryRef, *, remote: bool = True) -> bool:
+        store = self._inst.store
+        t0 = time.perf_counter()
+        art = store.load(ref, remote=remote)
+        if art is None:
+            return False
+        try:
+            fn = self._inst.loader(art)
+        except Exception as e:
+            # Verified bytes that do not load: most often the loader's own trouble (out of
+            # memory, a driver error), so a miss, never a quarantine.
+            store.count("load_errors")
+            log.warning(
+                "fa4cache: cannot load %s entry %s (%s: %s); recompiling",
+                ref.kind,
+                ref.digest[:16],
+                type(e).__name__,
+                e,
+            )
+            return False
+        self.cache[key] = fn
+        store.count("disk_hits", kind=self.kind)
+        store.count("load_seconds", time.perf_counter() - t0)
+        store.touch(art)
+        store.flush_counters(throttle=1.0)
+        return True
+
+    def release_pending(self, key: Any) -> None:
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            release(pending.lock)
+
+
+def _remember_pending(cache: StoreCompileCache, key: Any) -> None:
+    lst = getattr(_tl, "pending", None)
+    if lst is None:
+        lst = _tl.pending = []
+    lst.append((cache, key))
+
+
+def _forget_pending(cache: StoreCompileCache, key: Any) -> None:
+    lst = getattr(_tl, "pending", None)
+    if lst:
+        try:
+            lst.remove((cache, key))
+        except ValueError:
+            pass
+
+
+def release_thread_pending() -> None:
+    lst = getattr(_tl, "pending", None)
+    while lst:
+        cache, key = lst.pop()
+        cache.release_pending(key)
+
+
+def guard(fn: Callable[..., Any], cache: StoreCompileCache) -> Callable[..., Any]:
+    """Wrap an FA4 entry point: a raising compile must not keep the key locked."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            release_thread_pending()
+            raise
+
+    guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+    guarded.__name__ = getattr(fn, "__name__", "guarded")
+    guarded.__qualname__ = getattr(fn, "__qualname__", "guarded")
+    guarded.__doc__ = getattr(fn, "__doc__", None)
+    guarded.__module__ = getattr(fn, "__module__", None)  # type: ignore[assignment]
+    guarded.compile_cache = cache  # type: ignore[attr-defined]
+    guarded.__fa4cache_guard__ = True  # type: ignore[attr-defined]
+    return guarded

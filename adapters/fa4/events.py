@@ -1,0 +1,70 @@
+"""What FA4's compile caches tell the layers above them, typed: the stages of a miss, and the
+wrappers FA4's forward entry point gets when it is patched.
+
+Compile-ahead (:mod:`fa4cache.adapters.compile.ahead`) listens here; the caches and the
+patcher call whoever registered without importing them, so the dependency points one way.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fa4cache.store.paths import EntryRef
+
+log = logging.getLogger(__name__)
+
+
+class MissStage(enum.Enum):
+    WAITING = "waiting"  # before blocking on another process's lock of the key
+    COMPILING = "compiling"  # this process will compile the kernel
+    LOADED = "loaded"  # the store had it (after a wait, or at once)
+
+
+@dataclass(frozen=True)
+class MissEvent:
+    """One stage of a miss (never sent on a memory hit)."""
+
+    stage: MissStage
+    kind: str  # the store kind of the cache that missed ("fwd", "bwd", ...)
+    key: Any  # FA4's own compile key
+    ref: EntryRef
+    waited: float = 0.0  # seconds since the miss (LOADED)
+
+
+MissListener = Callable[[MissEvent], None]
+ForwardWrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+_lock = threading.Lock()
+_listeners: list[MissListener] = []
+_forward_wrappers: list[ForwardWrapper] = []
+
+
+def listen(listener: MissListener) -> None:
+    """Call ``listener(event)`` at every stage of every miss, in this process."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def notify(event: MissEvent) -> None:
+    for listener in tuple(_listeners):
+        try:
+            listener(event)
+        except Exception as e:  # a helper's trouble must never fail the kernel call
+            log.debug("fa4cache: miss listener %r failed: %s", listener, e)
+
+
+def wrap_forward(wrapper: ForwardWrapper) -> None:
+    """Wrap FA4's forward entry point with ``wrapper`` whenever the patcher patches it."""
+    with _lock:
+        if wrapper not in _forward_wrappers:
+            _forward_wrappers.append(wrapper)
+
+
+def forward_wrappers() -> tuple[ForwardWrapper, ...]:
+    return tuple(_forward_wrappers)

@@ -1,0 +1,49 @@
+"""``fa4cache.install()``: the store behind FA4's compile caches, with what builds on it.
+
+This module only wires the pieces together: :mod:`fa4cache.adapters.fa4.patch` patches FA4's compile caches
+(and routes QuACK's), :mod:`fa4cache.adapters.compile.ahead` registers the forward wrapper that starts a
+step's backward kernels compiling in the background, and on a GPU host its compile server
+starts here. The patcher itself imports neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fa4cache.adapters.compile import ahead as compile_ahead  # registers its forward wrapper on import
+from fa4cache.adapters.fa4.patch import install as _install_store
+from fa4cache.adapters.fa4.patch import uninstall
+
+__all__ = ["install", "uninstall"]
+
+
+def install(
+    cache_dir: Any = None, *, compile_server: bool = True, strict_dir: bool = True, **options: Any
+) -> Any:
+    # strict_dir=False (the Ray hook): a path known only in the worker (a {node_id}
+    # placeholder) that cannot be a directory runs memory-only with a warning, as Store()
+    # does, instead of killing the worker in its setup hook.
+    if strict_dir:
+        _check_cache_dir(cache_dir, options)
+    store = _install_store(cache_dir, **options)
+    if compile_server:  # False: a process that may never compile starts the server at a miss
+        compile_ahead.start_server_at_install()
+    return store
+
+
+install.__doc__ = _install_store.__doc__
+
+
+def _check_cache_dir(cache_dir: Any, options: dict[str, Any]) -> None:
+    """A store path that can never be a directory (a file in the way) is a mistake in the
+    job's settings: raise :class:`~fa4cache.errors.ConfigError` naming the setting and the
+    fix, at start-up, rather than run a whole job without persisting (one warning). Trouble
+    that may pass (a read-only or full disk) still only warns: kernels work, in memory."""
+    from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
+
+    settings = Settings.from_env(cache_dir, **options)
+    if settings.disabled:
+        return
+    problem = cache_dir_problem(settings.cache_dir, write=False)
+    if problem is not None and "symlink" not in problem:  # the store's own policy decides on links
+        raise cache_dir_error(settings, problem)

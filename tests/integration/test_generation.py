@@ -1,0 +1,602 @@
+"""Generation with a KV cache under ``attn_implementation="fa4cache"`` on the CPU.
+
+FA4 cannot run here, so its forward is the CPU stand-in (``fa4_varlen_model.flash_attn_fwd``,
+held to a dense reference below); everything else is real: transformers' models, caches
+(dynamic, static, sliding) and generate, and the adapter's own cache plumbing
+(``cu_seqlens_k``/``seqused_k`` over the cache as it lies, the custom op). Models are
+random small configs in float32, compared with SDPA on the same weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import os
+import random
+import zlib
+from typing import Any
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
+
+
+@pytest.fixture
+def fa4(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """The adapter registered, FA4 replaced by the stand-in; yields the KV-cache calls seen."""
+    from fa4cache.adapters import transformers as fht
+
+    from fa4cache.ops import kv_cache, step_mask, varlen_calls
+    from tests.helpers import fa4_varlen_model
+
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
+    fht.register()
+    seen: list[dict[str, Any]] = []
+
+    def stand_in(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        seen.append(kw)
+        return fa4_varlen_model.flash_attn_fwd(q, k, v, **kw)[0]
+
+    monkeypatch.setattr(kv_cache, "_fa4_forward", stand_in)
+    # Prefill without a cache goes through the packed path: its FA4 calls modelled too.
+    monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
+    monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
+    step_mask._cache.clear()
+    fht._warned.clear()
+    yield seen
+
+
+def _configs() -> dict[str, Any]:
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen3Config
+
+    small = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    return {
+        "llama-gqa": LlamaConfig(**small, num_attention_heads=8, num_key_value_heads=2, head_dim=16),
+        "qwen3": Qwen3Config(**small, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        # Windows shorter than the prompt: decoding runs past them.
+        "mistral-sliding": MistralConfig(
+            **small, num_attention_heads=4, num_key_value_heads=2, sliding_window=6
+        ),
+        "gemma2-softcap": Gemma2Config(
+            **small,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            sliding_window=5,
+            attn_logit_softcapping=2.0,
+            query_pre_attn_scalar=16,
+        ),
+    }
+
+
+def _reference(cfg: Any) -> str:
+    """SDPA, or eager where transformers has no SDPA path (softcapping: Gemma 2)."""
+    return "eager" if getattr(cfg, "attn_logit_softcapping", None) else "sdpa"
+
+
+def _model(cfg: Any, impl: str, seed: int = 0) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)  # the same weights for every implementation
+    m = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32)
+    assert m.config._attn_implementation == impl.removeprefix("paged|")  # transformers drops "paged|"
+    return m.eval()
+
+
+def _left_padded(rng: random.Random, batch: int, length: int, vocab: int) -> tuple[Any, Any]:
+    ids = torch.randint(
+        0, vocab, (batch, length), generator=torch.Generator().manual_seed(rng.randrange(1 << 30))
+    )
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for b in range(batch):
+        mask[b, : rng.randrange(0, length - 2) if b else 0] = 0  # row 0 unpadded
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _cache(kind: str, cfg: Any, max_len: int) -> Any:
+    from transformers import DynamicCache, StaticCache
+
+    return DynamicCache(config=cfg) if kind == "dynamic" else StaticCache(config=cfg, max_cache_len=max_len)
+
+
+def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> list[Any]:
+    """Logits of the prefill (``ids``, ``mask``) and of each step feeding ``follow[:, t]``,
+    with position_ids as generate builds them."""
+    cache = _cache(kind, model.config, ids.shape[1] + follow.shape[1] + 3)
+    outs = []
+    with torch.no_grad():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        outs.append(model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits)
+        for t in range(follow.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = mask.sum(-1, keepdim=True) - 1
+            step = model(
+                input_ids=follow[:, t : t + 1], attention_mask=mask, position_ids=pos, past_key_values=cache
+            )
+            outs.append(step.logits)
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", list(_configs()))
+def test_teacher_forced_decode_logits_match_sdpa(
+    fa4: Any, caplog: Any, name: str, batch: int, kind: str
+) -> None:
+    seed = SEED + zlib.crc32(f"{name}{batch}{kind}".encode()) % 1000
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    cfg = _configs()[name]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, _reference(cfg))
+    ids, mask = _left_padded(rng, batch, rng.randint(7, 12), cfg.vocab_size)
+    follow = torch.randint(0, cfg.vocab_size, (batch, 8), generator=torch.Generator().manual_seed(seed))
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        got = _teacher_forced(m, ids, mask, follow, kind)
+    want = _teacher_forced(ref, ids, mask, follow, kind)
+    valid = mask.bool()
+    torch.testing.assert_close(got[0][valid], want[0][valid], atol=2e-5, rtol=2e-5)
+    for t, (a, b) in enumerate(zip(got[1:], want[1:])):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda s, t=t: f"step {t}: {s}")
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    # Every decode step of every layer ran on the (stand-in) FA4 call (and a static cache's
+    # prefill, where its keys outnumber the queries).
+    decode = [kw for kw in fa4 if kw["max_seqlen_q"] == 1]
+    assert len(decode) == cfg.num_hidden_layers * follow.shape[1], len(fa4)
+
+
+def test_kv_cache_attention_matches_a_dense_reference(fa4: Any) -> None:
+    # The op alone, on random shapes: rows with left padding, a static buffer's unused tail,
+    # several queries (prefill into the cache), windows, softcap, GQA; with a 2-D mask, and
+    # with position_ids only (no padding).
+    from fa4cache.ops import kv_cache
+    from tests.helpers.fa4_varlen_model import capped
+
+    rng = random.Random(SEED)
+    print(f"seed {SEED}")
+    for case in range(12):
+        B, hkv, g, D = rng.randint(1, 4), rng.randint(1, 3), rng.choice([1, 2, 4]), 8
+        L = rng.randint(2, 20)  # tokens so far (mask columns)
+        Tk = L + rng.choice([0, 0, 5])  # a static buffer is longer
+        Tq = rng.choice([1, 1, 2, min(L, 5)])
+        use_mask = case % 3 != 0
+        pads = [rng.randint(0, L - Tq) if use_mask else 0 for _ in range(B)]
+        window = rng.choice([None, 1, 3])
+        softcap = rng.choice([0.0, 1.5])
+        gen = torch.Generator().manual_seed(case)
+        q = torch.randn(B, hkv * g, Tq, D, generator=gen)
+        k, v = (torch.randn(B, hkv, Tk, D, generator=gen) for _ in range(2))
+        mask = torch.ones(B, L, dtype=torch.bool)
+        for b, p in enumerate(pads):
+            mask[b, :p] = False
+        pos = torch.full((1, Tq), 0) + torch.arange(L - Tq, L)
+        given = mask
+        if use_mask and case % 2:  # as the mask hook pads it for a static cache
+            given = torch.cat([mask, torch.zeros(B, Tk - L, dtype=torch.bool)], 1)
+        out = kv_cache.forward(
+            q, k, v, given if use_mask else None, None if use_mask else pos, True, window, D**-0.5, softcap
+        )
+        # Reference: query t at slot L - Tq + t sees the row's valid slots up to itself.
+        qpos = torch.arange(L - Tq, L).view(-1, 1)
+        j = torch.arange(Tk).view(1, -1)
+        allowed = (j <= qpos) & (j < L)
+        if window is not None:
+            allowed = allowed & (j >= qpos - window)
+        allowed = allowed[None] & torch.cat([mask, torch.zeros(B, Tk - L, dtype=torch.bool)], 1)[:, None]
+        kk, vv = (t.repeat_interleave(g, dim=1) for t in (k, v))
+        s = capped(torch.einsum("bhqd,bhkd->bhqk", q, kk) * D**-0.5, softcap)
+        s = s.masked_fill(~allowed[:, None], float("-inf"))
+        want = torch.einsum("bhqk,bhkd->bqhd", torch.softmax(s, -1).nan_to_num(0.0), vv)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5, msg=lambda m, c=case: f"case {c}: {m}")
+
+
+def test_the_stand_in_matches_a_dense_reference() -> None:
+    # The FA4 stand-in for keys flat (cu_seqlens_k + seqused_k, gaps between sequences),
+    # paged (page_table over shuffled pages) and dense (seqused_k), queries dense or
+    # varlen: each against plain masked attention of each sequence alone.
+    from tests.helpers.fa4_varlen_model import capped, flash_attn_fwd
+
+    rng = random.Random(SEED + 1)
+    print(f"seed {SEED + 1}")
+    for case in range(10):
+        n, hk, g, D, page = rng.randint(1, 4), rng.randint(1, 2), rng.choice([1, 3]), 8, 4
+        lk = [rng.randint(0, 13) for _ in range(n)]
+        lq = [rng.randint(1, max(1, x)) if rng.random() < 0.5 else 1 for x in lk]
+        causal, window = rng.choice([True, False]), rng.choice([None, 2])
+        softcap = rng.choice([0.0, 2.0])
+        gen = torch.Generator().manual_seed(case)
+        ks = [torch.randn(x, hk, D, generator=gen) for x in lk]
+        vs = [torch.randn(x, hk, D, generator=gen) for x in lk]
+        qs = [torch.randn(x, hk * g, D, generator=gen) for x in lq]
+        want = []
+        for qi, ki, vi in zip(qs, ks, vs):
+            p = torch.arange(ki.shape[0] - qi.shape[0], ki.shape[0]).view(-1, 1)
+            j = torch.arange(ki.shape[0]).view(1, -1)
+            ok = (j <= p if causal else torch.ones_like(j <= p)) & (
+                j >= p - window if window is not None else torch.ones_like(j <= p)
+            )
+            if window is not None and not causal:
+                ok &= j <= p + window
+            s = capped(torch.einsum("qhd,khd->hqk", qi, ki.repeat_interleave(g, 1)) * D**-0.5, softcap)
+            pr = torch.softmax(s.masked_fill(~ok, float("-inf")), -1).nan_to_num(0.0)
+            want.append(torch.einsum("hqk,khd->qhd", pr, vi.repeat_interleave(g, 1)))
+        kw = {"causal": causal, "softcap": softcap, "window_size_left": window}
+        kw["window_size_right"] = 0 if causal and window is not None else window
+        used = torch.tensor(lk, dtype=torch.int32)
+        cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
+        flat_q = torch.cat(qs)
+        # Flat keys with a random gap before each sequence.
+        gaps = [rng.randint(0, 3) for _ in range(n)]
+        starts, parts_k, parts_v, at = [], [], [], 0
+        for gap, ki, vi in zip(gaps, ks, vs):
+            parts_k += [torch.randn(gap, hk, D), ki]
+            parts_v += [torch.randn(gap, hk, D), vi]
+            starts.append(at + gap)
+            at += gap + ki.shape[0]
+        cu_k = torch.tensor([*starts, at], dtype=torch.int32)
+        out, _ = flash_attn_fwd(
+            flat_q,
+            torch.cat(parts_k),
+            torch.cat(parts_v),
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+            seqused_k=used,
+            **kw,
+        )
+        torch.testing.assert_close(out, torch.cat(want), atol=1e-5, rtol=1e-5)
+        # Paged: pages shuffled over a pool, the page table lists each sequence's pages.
+        per = [max(1, -(-x // page)) for x in lk]
+        order = torch.randperm(sum(per) + 2, generator=gen)
+        kp, vp = (torch.randn(sum(per) + 2, page, hk, D) for _ in range(2))
+        table = torch.zeros(n, max(per), dtype=torch.int32)
+        used_pages = 0
+        for i, (ki, vi) in enumerate(zip(ks, vs)):
+            ids = order[used_pages : used_pages + per[i]]
+            used_pages += per[i]
+            table[i, : per[i]] = ids.to(torch.int32)
+            for c, pid in enumerate(ids.tolist()):
+                kp[pid, : ki[c * page : (c + 1) * page].shape[0]] = ki[c * page : (c + 1) * page]
+                vp[pid, : vi[c * page : (c + 1) * page].shape[0]] = vi[c * page : (c + 1) * page]
+        out, _ = flash_attn_fwd(flat_q, kp, vp, cu_seqlens_q=cu_q, page_table=table, seqused_k=used, **kw)
+        torch.testing.assert_close(out, torch.cat(want), atol=1e-5, rtol=1e-5)
+        # Dense keys padded at the end, dense queries (one query length for all).
+        if len(set(lq)) == 1:
+            T = max(lk) + 1
+            kd, vd = torch.zeros(n, T, hk, D), torch.zeros(n, T, hk, D)
+            for i, (ki, vi) in enumerate(zip(ks, vs)):
+                kd[i, : lk[i]], vd[i, : lk[i]] = ki, vi
+            out, _ = flash_attn_fwd(torch.stack(qs), kd, vd, seqused_k=used, **kw)
+            torch.testing.assert_close(out, torch.stack(want), atol=1e-5, rtol=1e-5)
+
+
+def _patterned_state(cfg: Any) -> dict[str, Any]:
+    return _patterned_model(cfg).state_dict()
+
+
+def _patterned_model(cfg: Any) -> Any:
+    """A model trained briefly on a fixed pattern (token t follows t - 1 as (7 t + 3) mod V):
+    its greedy choices are far from ties, so tokens must agree exactly between paths."""
+    m = _model(cfg, "sdpa").train()
+    opt = torch.optim.Adam(m.parameters(), lr=5e-3)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(100):
+        x = torch.randint(0, cfg.vocab_size, (16, 1), generator=gen)
+        seq = [x]
+        for _ in range(23):
+            seq.append((seq[-1] * 7 + 3) % cfg.vocab_size)
+        ids = torch.cat(seq, 1)
+        loss = m(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return m.eval()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mistral-sliding"])
+def test_free_running_greedy_tokens_are_identical(fa4: Any, caplog: Any, name: str) -> None:
+    cfg = copy.deepcopy(_configs()[name])
+    trained = _patterned_model(cfg)
+    state = trained.state_dict()
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    m.load_state_dict(state)
+    ref.load_state_dict(state)
+    rng = random.Random(SEED + 2)
+    print(f"seed {SEED + 2}")
+    ids, mask = _left_padded(rng, 8, 10, cfg.vocab_size)
+    for b in range(8):  # prompts that follow the pattern after their padding
+        n = int(mask[b].sum())
+        tok = rng.randrange(cfg.vocab_size)
+        for t in range(10 - n, 10):
+            ids[b, t] = tok
+            tok = (tok * 7 + 3) % cfg.vocab_size
+    for cache in ("dynamic", "static"):
+        # No end-of-sequence token: the pattern passes through it, and a row that stops is
+        # padded, which is no choice of the model's.
+        kw = {"max_new_tokens": 12, "do_sample": False, "attention_mask": mask, "eos_token_id": None,
+              "pad_token_id": 0}  # fmt: skip
+        if cache == "static":
+            kw["cache_implementation"] = "static"
+        with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+            out = m.generate(ids, **kw)
+        want = ref.generate(ids, **kw)
+        assert torch.equal(out, want), (cache, out, want)
+        # Not near-flat: the model follows its pattern, so the comparison is of real choices.
+        new = want[:, 10:]
+        follows = ((new[:, :-1] * 7 + 3) % cfg.vocab_size == new[:, 1:]).float().mean()
+        assert follows > 0.8, float(follows)
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    assert fa4, "the KV-cache path was not taken"
+
+
+def test_what_cannot_run_on_fa4_falls_back_and_says_why(fa4: Any, caplog: Any) -> None:
+    # A 4-D mask on a cache step: PyTorch, one warning naming it, SDPA's result.
+    from transformers import DynamicCache
+
+    cfg = _configs()["qwen3"]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (1, 6))
+    results = []
+    for model in (m, ref):
+        cache = DynamicCache(config=cfg)
+        with torch.no_grad():
+            model(input_ids=ids[:, :5], past_key_values=cache)
+            four_d = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+            with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+                results.append(
+                    model(input_ids=ids[:, 5:], attention_mask=four_d, past_key_values=cache).logits
+                )
+    torch.testing.assert_close(results[0], results[1], atol=2e-5, rtol=2e-5)
+    msgs = [r.getMessage() for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    assert len(msgs) == 1 and "4-D attention mask" in msgs[0], msgs
+    assert not fa4
+
+
+def test_a_mask_that_is_not_left_padding_is_refused(fa4: Any) -> None:
+    from fa4cache.ops import kv_cache
+
+    q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 6, 8)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4] = False  # a gap: not one run of slots
+    with pytest.raises(RuntimeError, match="one run of tokens"):
+        kv_cache.forward(q, k, k, mask, None, True, None, 0.35, 0.0)
+    mask[1, 4] = True
+    mask[0, 0] = mask[0, -1] = False  # padding on both sides: one run, attended as such
+    out = kv_cache.forward(q, k, k, mask, None, True, None, 0.35, 0.0)
+    assert out.shape == (2, 1, 2, 8) and torch.isfinite(out).all()
+
+
+DECODE_COMPILES = r"""
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import fa4cache
+from fa4cache.ops import kv_cache
+
+store = fa4cache.install()
+# Decode steps of many batch sizes and cache lengths, full and sliding layers, through the
+# op's body (FA4 on fake CUDA tensors; the per-row lengths are computed on the CPU first,
+# as the masks of the packed path are).
+for B, Tk, window in [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 63), (40, 1000, 63)]:
+    mask = torch.ones(B, Tk - 3, dtype=torch.bool)
+    mask[0, :5] = False
+    lengths = kv_cache._sequences(mask, None, B, 2, Tk)
+    with FakeTensorMode(), torch.no_grad():
+        fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
+        kv_cache.sequences = lambda *a, fake=fake, **kw: fake
+        q = torch.empty(B, 8, 1, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(B, 2, Tk, 128, dtype=torch.bfloat16, device="cuda")
+        out = kv_cache.forward(q, k, k, mask, None, True, window, 0.088, 0.0)
+        assert tuple(out.shape) == (B, 1, 8, 128)
+store.counters.flush()
+print("RESULT", int(store.counters.values["compiles"]), int(store.counters.values["disk_hits"]))
+"""
+
+
+@pytest.mark.compile
+def test_decode_shapes_compile_one_kernel_per_layer_kind(tmp_path: Any) -> None:
+    # Real FA4 forward kernels, cross-compiled for sm_90: batch size and cache length are
+    # not in FA4's compile key on this path (one kernel for full layers, one for sliding
+    # ones); a second process loads both from the store.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+
+    def run() -> list[int]:
+        p = subprocess.run(
+            [sys.executable, "-c", DECODE_COMPILES], cwd=ROOT, env=worker_env(tmp_path / "store"),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [int(x) for x in p.stdout.split("RESULT", 1)[1].split()]
+
+    assert run() == [2, 0]
+    assert run() == [0, 2]
+
+
+@pytest.mark.compile
+def test_warm_generation_from_a_model_config_covers_decoding(tmp_path: Any) -> None:
+    # `fa4cache warm --hf-config PATH --generation` from config.json alone: afterwards the
+    # decode steps above (full and sliding layers, any batch and cache length) compile
+    # nothing and load both kernels.
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, run_cli, worker_env
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    cfg = {
+        "model_type": "qwen3", "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+        "hidden_size": 256, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    w = run_cli(store, "warm", "--hf-config", str(tmp_path), "--no-backward", "--generation")
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert "generation: 8 kernel kinds, 8 compiled" in w.stdout and "0 failed" in w.stdout, w.stdout
+    p = subprocess.run(
+        [sys.executable, "-c", DECODE_COMPILES], cwd=ROOT, env=worker_env(store),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split("RESULT", 1)[1].split() == ["0", "2"]
+
+
+def test_generate_batch_runs_on_fa4_without_a_mask(
+    fa4: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Continuous batching (paged cache) with "paged|fa4cache": accepted, every step's
+    # attention one FA4 varlen call (cu_seqlens_q/cu_seqlens_k), no attention mask built;
+    # greedy tokens as generate() gives each prompt alone with SDPA.
+    from transformers import GenerationConfig
+    from transformers.generation.continuous_batching import input_outputs
+
+    built = []
+    real_build = input_outputs.build_attention_mask
+    monkeypatch.setattr(
+        input_outputs, "build_attention_mask", lambda *a, **k: built.append(1) or real_build(*a, **k)
+    )
+    cfg = copy.deepcopy(_configs()["mistral-sliding"])
+    state = _patterned_state(cfg)
+    m, ref = _model(cfg, "paged|fa4cache"), _model(cfg, "sdpa")
+    m.load_state_dict(state)
+    ref.load_state_dict(state)
+    rng = random.Random(SEED + 3)
+    print(f"seed {SEED + 3}")
+    prompts = []
+    for n in (3, 9, 5, 12):
+        tok = rng.randrange(cfg.vocab_size)
+        prompts.append([])
+        for _ in range(n):
+            prompts[-1].append(tok)
+            tok = (tok * 7 + 3) % cfg.vocab_size
+    gen = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=-1)
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        out = m.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+    got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
+    for p, tokens in zip(prompts, got):
+        want = ref.generate(
+            torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        want = want[0, len(p) :].tolist()
+        assert len(want) == 10 and tokens[:10] == want, (p, tokens, want)  # (generate_batch may run one more)
+    assert not built
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+    steps = [kw for kw in fa4 if kw.get("cu_seqlens_q") is not None]
+    assert steps and all(kw["window_size_left"] == cfg.sliding_window - 1 for kw in steps)
+
+
+class _PagedCacheBefore523:
+    """The contract of transformers 5.17's ``PagedAttentionCache.update`` for full-attention
+    layers (the H200 image's transformers; this venv's newer one updates the cache in the
+    model's layers instead, so its own class cannot show the older call): write the step's
+    keys at ``write_index``, read each sequence's keys back at ``read_index`` as ``[tokens,
+    Hkv, D]``; with nothing to read, return the step's keys."""
+
+    def __init__(self, slots: int, heads_kv: int, dim: int) -> None:
+        self.key_cache = [torch.zeros(slots, heads_kv, dim)]
+        self.value_cache = [torch.zeros(slots, heads_kv, dim)]
+
+    def update(
+        self, key_states: Any, value_states: Any, layer_idx: int, read_index: Any, write_index: Any
+    ) -> Any:
+        k, v = (t.transpose(1, 2).squeeze(0) for t in (key_states, value_states))
+        self.key_cache[layer_idx].index_copy_(0, write_index[0], k)
+        self.value_cache[layer_idx].index_copy_(0, write_index[0], v)
+        if read_index[0].numel() == 0:
+            return k, v
+        return (
+            torch.index_select(c[layer_idx], 0, read_index[0]) for c in (self.key_cache, self.value_cache)
+        )
+
+
+def test_paged_steps_of_older_transformers_update_the_cache_and_run_on_fa4(fa4: Any) -> None:
+    # transformers 5.17 calls a paged implementation with the step's new keys only and the
+    # paged cache as `cache` (its own paged_attention_forward updates it): a prefill step
+    # (nothing to read) then decode steps, each query attending to its sequence's whole
+    # history, as plain causal attention of each sequence alone.
+    from types import SimpleNamespace
+
+    from fa4cache.adapters import transformers as fht
+
+    rng = random.Random(SEED + 11)
+    print(f"seed {SEED + 11}")
+    hkv, g, D = 2, rng.choice([1, 2, 4]), 8
+    lens = [rng.randint(1, 9) for _ in range(rng.randint(1, 4))]
+    steps = 3
+    cache = _PagedCacheBefore523(sum(lens) + steps * len(lens), hkv, D)
+    free = list(range(sum(lens) + steps * len(lens)))
+    rng.shuffle(free)  # pages anywhere in the cache
+    slots: list[list[int]] = [[] for _ in lens]
+    hist_k: list[list[Any]] = [[] for _ in lens]
+    hist_v: list[list[Any]] = [[] for _ in lens]
+    module = SimpleNamespace(layer_idx=0, is_causal=True)
+    gen = torch.Generator().manual_seed(SEED + 11)
+    for step in range(steps + 1):
+        new = lens if step == 0 else [1] * len(lens)
+        q = torch.randn(1, hkv * g, sum(new), D, generator=gen)
+        k, v = (torch.randn(1, hkv, sum(new), D, generator=gen) for _ in range(2))
+        write = []
+        for i, n in enumerate(new):
+            slots[i] += [free.pop() for _ in range(n)]
+            write += slots[i][-n:]
+        read = [] if step == 0 else [s for row in slots for s in row]
+        cu_q = torch.tensor([0, *itertools.accumulate(new)], dtype=torch.int32)
+        cu_k = torch.tensor([0, *itertools.accumulate(len(r) for r in slots)], dtype=torch.int32)
+        out, _ = fht.attention_forward(
+            module, q, k, v, None, scaling=D**-0.5, sliding_window=None,
+            cache=cache, read_index=[torch.tensor(read, dtype=torch.long)],
+            write_index=[torch.tensor(write, dtype=torch.long)], cu_seq_lens_q=cu_q,
+            cu_seq_lens_k={"full_attention": cu_k} if step % 2 else cu_k,
+            max_seqlen_q=max(new), max_seqlen_k=max(len(r) for r in slots),
+        )  # fmt: skip
+        for i, n in enumerate(new):
+            a = int(cu_q[i])
+            hist_k[i].append(k[0, :, a : a + n])
+            hist_v[i].append(v[0, :, a : a + n])
+            kk, vv = (torch.cat(h[i], 1).repeat_interleave(g, 0) for h in (hist_k, hist_v))
+            s = torch.einsum("hqd,hkd->hqk", q[0, :, a : a + n], kk) * D**-0.5
+            pos = torch.arange(n).view(-1, 1) + kk.shape[1] - n
+            s = s.masked_fill(torch.arange(kk.shape[1]).view(1, -1) > pos, float("-inf"))
+            want = torch.einsum("hqk,hkd->qhd", torch.softmax(s, -1), vv)
+            torch.testing.assert_close(
+                out[0, a : a + n], want, atol=1e-5, rtol=1e-5, msg=f"step {step} seq {i}"
+            )
+    assert all(kw.get("cu_seqlens_q") is not None for kw in fa4) and len(fa4) == steps + 1
+
+
+def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monkeypatch: Any) -> None:
+    """Checking the mask costs kernel launches in every decode step: it runs in the first
+    layer of each kind (full, sliding), whose masks cover every row, and a gap is still
+    refused there."""
+    from fa4cache.ops import kv_cache
+
+    cfg = copy.deepcopy(_configs()["gemma2-softcap"])
+    cfg.num_hidden_layers = 5
+    cfg.layer_types = ["full_attention", "full_attention", "sliding_attention", "full_attention",
+                       "sliding_attention"]  # fmt: skip
+    model = _model(cfg, "fa4cache")
+    checks: list[bool] = []
+    real = kv_cache.key_ranges
+
+    def spy(*a: Any, check: bool = True) -> Any:
+        checks.append(check)
+        return real(*a, check=check)
+
+    monkeypatch.setattr(kv_cache, "key_ranges", spy)
+    rng = random.Random(SEED)
+    ids, mask = _left_padded(rng, 3, 9, cfg.vocab_size)
+    follow = torch.randint(0, cfg.vocab_size, (3, 2))
+    _teacher_forced(model, ids, mask, follow, "dynamic")
+    steps = len(checks) // 5
+    assert steps >= 2 and checks == [True, False, True, False, False] * steps, checks
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    mask[1, -3] = 0  # a gap
+    with pytest.raises(RuntimeError, match="one run of tokens"), torch.no_grad():
+        cache = _cache("dynamic", cfg, 16)
+        model(input_ids=ids, attention_mask=mask[:, :-1], past_key_values=cache)
+        model(input_ids=follow[:, :1], attention_mask=mask, past_key_values=cache)

@@ -1,0 +1,409 @@
+"""No run ever loads a kernel compiled for other code.
+
+Each case is user code the way users write it (a raw FA4 ``mask_mod``, a mask template, a
+``@fa4cache.jit_cache`` kernel), in files of its own. Process 1 runs variant A into a store;
+the files change; process 2 runs variant B against the same store; process 3 runs variant B
+into a clean store. Every kernel the clean run filed must be in the shared store with the
+same bytes: process 2 either compiled it (a new key) or loaded exactly its own kernel. A key
+that misses a change files B under A's digest, and the bytes differ.
+
+All compiles are real CuTe-DSL cross-compiles on the CPU (sm_90).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, worker_env
+
+pytestmark = pytest.mark.compile
+
+_JIT_KERNEL = '''
+import cutlass
+import cutlass.cute as cute
+
+import fa4cache
+
+THREADS = 128
+
+
+def make(scale_of):
+    @cute.kernel
+    def _k(x: cute.Tensor, y: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        if i < x.shape[0]:
+            y[i] = (x[i] * scale_of()).to(y.element_type)
+
+    @cute.jit
+    def _launch(x: cute.Tensor, y: cute.Tensor, stream: object):
+        _k(x, y).launch(grid=((x.shape[0] + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @fa4cache.jit_cache
+    def compile_scale(dtype):
+        n = cute.sym_int()
+        x = cute.runtime.make_fake_tensor(dtype, (n,), stride=(1,), assumed_align=16)
+        y = cute.runtime.make_fake_tensor(dtype, (n,), stride=(1,), assumed_align=16)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return cute.compile(_launch, x, y, stream, options="--enable-tvm-ffi")
+
+    return compile_scale
+'''
+
+
+def _mask_case(mask_expr: str, files: dict[str, tuple[str, str]], setup: str = "") -> dict[str, tuple[str, str]]:
+    """A raw FA4 mask_mod whose body is ``n_idx <= m_idx + <mask_expr>``."""
+    main = f"""
+import cutlass.cute as cute
+from identity_runner import fa4_forward
+{setup}
+
+@cute.jit
+def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+    return n_idx <= m_idx + {mask_expr}
+
+def run():
+    fa4_forward(mask_mod)
+"""
+    return {**files, "MAIN": (main, main)}
+
+
+def _cases(tag: str) -> dict[str, dict[str, tuple[str, str]]]:
+    """name -> {file: (variant A text, variant B text)}; "MAIN" is main_<name>.py."""
+    jit_main = f"""
+import cutlass
+from jit_{tag}_kernel import make
+from {{route}} import scale_of
+
+def run():
+    make(scale_of)(cutlass.Float32)
+"""
+    c: dict[str, dict[str, tuple[str, str]]] = {}
+    # -- raw FA4 mask_mods (fa4cache.install(); FA4's own hash_callable keys them by source + repr)
+    c["raw_global"] = {
+        "MAIN": (
+            "import cutlass.cute as cute\nfrom identity_runner import fa4_forward\nWINDOW = 64\n"
+            "@cute.jit\ndef mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n"
+            "    return n_idx <= m_idx + WINDOW\ndef run():\n    fa4_forward(mask_mod)\n",
+            "import cutlass.cute as cute\nfrom identity_runner import fa4_forward\nWINDOW = 128\n"
+            "@cute.jit\ndef mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n"
+            "    return n_idx <= m_idx + WINDOW\ndef run():\n    fa4_forward(mask_mod)\n",
+        )
+    }
+    closure = """
+import cutlass.cute as cute
+from identity_runner import fa4_forward
+
+class Band:
+    def __init__(self, width):
+        self.width = width
+    def __repr__(self):
+        return "Band()"  # the same repr whatever the width: FA4's hash cannot tell them apart
+
+def factory(band):
+    @cute.jit
+    def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+        return n_idx <= m_idx + band.width
+    return mask_mod
+
+def run():
+    fa4_forward(factory(Band(WIDTH)))
+"""
+    c["raw_closure_object"] = {"MAIN": ("WIDTH = 32\n" + closure, "WIDTH = 96\n" + closure)}
+    opaque = """
+import cutlass.cute as cute
+from identity_runner import fa4_forward
+
+import threading
+
+class Band:
+    def __init__(self, width):
+        self.width = width
+        self.lock = threading.Lock()  # no value to key it by
+    def __repr__(self):
+        return "Band()"
+
+def width_of(band):
+    return band.width
+
+def factory(band):
+    @cute.jit
+    def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+        return n_idx <= m_idx + width_of(band)  # the object itself travels: not keyable by value
+    return mask_mod
+
+def run():
+    fa4_forward(factory(Band(WIDTH)))
+"""
+    c["raw_opaque_object"] = {"MAIN": ("WIDTH = 32\n" + opaque, "WIDTH = 96\n" + opaque)}
+    c["raw_attr_of_module"] = _mask_case(
+        "cfg.WIDTH",
+        {f"cfg_{tag}.py": ("WIDTH = 16\n", "WIDTH = 48\n")},
+        setup=f"import cfg_{tag} as cfg",
+    )
+    c["raw_helper_other_module"] = _mask_case(
+        "helpers.offset()",
+        {f"helpers_{tag}.py": ("def offset():\n    return 8\n", "def offset():\n    return 24\n")},
+        setup=f"import helpers_{tag} as helpers",
+    )
+    c["raw_helper_torch_named"] = _mask_case(
+        "offset()",
+        {f"torch_{tag}_helpers.py": ("def offset():\n    return 8\n", "def offset():\n    return 24\n")},
+        setup=f"from torch_{tag}_helpers import offset",
+    )
+    # The same mask text in two packages, with different constants.
+    pkg = "import cutlass.cute as cute\nWINDOW = {w}\n@cute.jit\ndef mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n    return n_idx <= m_idx + WINDOW\n"
+    c["raw_two_packages"] = {
+        f"pa_{tag}/__init__.py": ("", ""),
+        f"pa_{tag}/masks.py": (pkg.format(w=40), pkg.format(w=40)),
+        f"pb_{tag}/__init__.py": ("", ""),
+        f"pb_{tag}/masks.py": (pkg.format(w=80), pkg.format(w=80)),
+        "MAIN": (
+            f"from identity_runner import fa4_forward\nfrom pa_{tag}.masks import mask_mod\ndef run():\n    fa4_forward(mask_mod)\n",
+            f"from identity_runner import fa4_forward\nfrom pb_{tag}.masks import mask_mod\ndef run():\n    fa4_forward(mask_mod)\n",
+        ),
+    }
+    # A module constant set at run time (args.window), the file unchanged.
+    c["raw_set_at_run_time"] = {
+        f"rt_{tag}_masks.py": (pkg.format(w=64), pkg.format(w=64)),
+        "MAIN": (
+            # Twice at 64 (one compile, then FA4's memory), then 96: a second compile in the same process.
+            f"from identity_runner import fa4_forward\nimport rt_{tag}_masks as masks\ndef run():\n    masks.WINDOW = 64\n"
+            "    fa4_forward(masks.mask_mod)\n    fa4_forward(masks.mask_mod)\n    masks.WINDOW = 96\n    fa4_forward(masks.mask_mod)\n",
+            f"from identity_runner import fa4_forward\nimport rt_{tag}_masks as masks\ndef run():\n    masks.WINDOW = 128\n    fa4_forward(masks.mask_mod)\n",
+        ),
+    }
+    # -- mask templates
+    tmpl = """
+import cutlass.cute as cute
+import fa4cache
+from identity_runner import fa4_forward
+{setup}
+
+@fa4cache.mask_template
+def banded(causal: bool):
+    @cute.jit
+    def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+        return n_idx <= m_idx + {expr}
+    return mask_mod
+
+def run():
+    fa4_forward(banded(causal=True))
+"""
+    c["template_attr"] = {
+        f"tcfg_{tag}.py": ("WIDTH = 16\n", "WIDTH = 48\n"),
+        "MAIN": (tmpl.format(setup=f"import tcfg_{tag} as cfg", expr="cfg.WIDTH"),) * 2,
+    }
+    c["template_helper_other_module"] = {
+        f"thelp_{tag}.py": ("def offset():\n    return 8\n", "def offset():\n    return 24\n"),
+        "MAIN": (tmpl.format(setup=f"import thelp_{tag} as helpers", expr="helpers.offset()"),) * 2,
+    }
+    c["template_helper_torch_named"] = {
+        f"torch_t{tag}.py": ("def offset():\n    return 8\n", "def offset():\n    return 24\n"),
+        "MAIN": (tmpl.format(setup=f"from torch_t{tag} import offset", expr="offset()"),) * 2,
+    }
+    # -- @fa4cache.jit_cache kernels: one kernel module, the scale reached by several routes
+    kernel = {f"jit_{tag}_kernel.py": (_JIT_KERNEL, _JIT_KERNEL)}
+
+    def jit(route: str, a: str, b: str, main_extra: str = "") -> dict[str, tuple[str, str]]:
+        main = jit_main.format(route=route) + main_extra
+        return {**kernel, f"{route}.py": (a, b), "MAIN": (main, main)}
+
+    c["jit_attribute"] = jit(
+        f"jattr_{tag}",
+        "import types\ncfg = types.SimpleNamespace(SCALE=2.0)\ndef scale_of():\n    return cfg.SCALE\n",
+        "import types\ncfg = types.SimpleNamespace(SCALE=3.0)\ndef scale_of():\n    return cfg.SCALE\n",
+    )
+    c["jit_helper_body"] = {
+        **kernel,
+        f"jhb_{tag}_helpers.py": ("def value():\n    return 2.0\n", "def value():\n    return 5.0\n"),
+        f"jhb_{tag}.py": (f"from jhb_{tag}_helpers import value\ndef scale_of():\n    return value()\n",) * 2,
+        "MAIN": (jit_main.format(route=f"jhb_{tag}"),) * 2,
+    }
+    c["jit_torch_named_module"] = jit(
+        f"torch_j{tag}", "def scale_of():\n    return 2.0\n", "def scale_of():\n    return 7.0\n"
+    )
+    bound = "class Scaler:\n    def get(self):\n        return {v}\nscale_of = Scaler().get\n"
+    c["jit_bound_method"] = jit(f"jbm_{tag}", bound.format(v=2.0), bound.format(v=4.0))
+    dc = (
+        "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass Cfg:\n    base: float = 1.0\n"
+        "    def scale(self):\n        return self.base * {m}\nCFG = Cfg()\ndef scale_of():\n    return CFG.scale()\n"
+    )
+    c["jit_dataclass_method"] = jit(f"jdc_{tag}", dc.format(m=2.0), dc.format(m=6.0))
+    # A module value changed after the first call: no memoised digest outlives it.
+    c["jit_changed_after_first_call"] = {
+        **kernel,
+        f"jca_{tag}.py": ("SCALE = 2.0\ndef scale_of():\n    return SCALE\n",) * 2,
+        "MAIN": (
+            f"import cutlass\nimport jca_{tag} as m\nfrom jit_{tag}_kernel import make\n"
+            "def run():\n    f = make(m.scale_of)\n    f(cutlass.Float32)\n    m.SCALE = 9.0\n    f(cutlass.Float32)\n",
+            f"import cutlass\nimport jca_{tag} as m\nfrom jit_{tag}_kernel import make\n"
+            "def run():\n    m.SCALE = 9.0\n    make(m.scale_of)(cutlass.Float32)\n",
+        ),
+    }
+    return c
+
+
+def _random_cases(rng: random.Random, n: int, tag: str) -> dict[str, dict[str, tuple[str, str]]]:
+    """Random jit kernels whose scale comes through a random chain of routes (helpers in
+    other modules, attributes, closures, defaults, class attributes, nested packages), one
+    link of which changes between the variants (or nothing changes)."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    kernel = {f"jit_{tag}_kernel.py": (_JIT_KERNEL, _JIT_KERNEL)}
+    for i in range(n):
+        name = f"rand{i}"
+        mod = f"r{i}_{tag}"
+        depth = rng.randint(1, 4)
+        change = rng.randrange(depth + 1)  # == depth: nothing changes
+        files: dict[str, list[str]] = {}
+        prev = None
+        for level in range(depth):
+            route = rng.choice(["helper", "attr", "closure", "default", "classattr", "package"])
+            here = f"{mod}_l{level}"
+            path = f"{here}.py"
+            if route == "package":
+                files[f"{here}/__init__.py"] = ["", ""]
+                path = f"{here}/inner.py"
+                here = f"{here}.inner"
+            value = [float(rng.randint(1, 9)), float(rng.randint(1, 9))]
+            if level != change:
+                value[1] = value[0]
+            texts = []
+            for v in value:
+                src = f"from {prev} import scale_of as _prev\n" if prev else "def _prev():\n    return 1.0\n"
+                if route in ("helper", "package"):
+                    src += f"def scale_of():\n    return _prev() * {v}\n"
+                elif route == "attr":
+                    src += f"import types\nK = types.SimpleNamespace(v={v})\ndef scale_of():\n    return _prev() * K.v\n"
+                elif route == "closure":
+                    src += f"def _make(k):\n    def scale_of():\n        return _prev() * k\n    return scale_of\nscale_of = _make({v})\n"
+                elif route == "default":
+                    src += f"def scale_of(k={v}):\n    return _prev() * k\n"
+                else:
+                    src += f"class C:\n    K = {v}\ndef scale_of():\n    return _prev() * C.K\n"
+                texts.append(src)
+            files[path] = texts
+            prev = here
+        main = f"import cutlass\nfrom jit_{tag}_kernel import make\nfrom {prev} import scale_of\ndef run():\n    make(scale_of)(cutlass.Float32)\n"
+        out[name] = {**kernel, **{k: (v[0], v[1]) for k, v in files.items()}, "MAIN": (main, main)}
+    return out
+
+
+def _write(root: Path, cases: dict[str, dict[str, tuple[str, str]]], variant: int) -> None:
+    for name, files in cases.items():
+        d = root / name
+        for fname, texts in files.items():
+            path = d / (f"main_{name}.py" if fname == "MAIN" else fname)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(texts[variant]))
+            # A rewrite within the same second must still be seen as new source.
+            os.utime(path, ns=(0, 10**9 * (variant + 1)))
+        for pyc in d.rglob("__pycache__"):
+            for f in pyc.iterdir():
+                f.unlink()
+
+
+def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
+    env = worker_env(store, FA4CACHE_COMPILE_AHEAD="1" if ahead else "0", PYTHONDONTWRITEBYTECODE="1")
+    # The cases' folders too: a compile server started by the process imports them by name.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "helpers"), str(ROOT), *(str(cases_dir / n) for n in names)])
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.identity_runner", str(cases_dir), *names],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-6000:]
+    return json.loads(lines[-1][7:])
+
+
+def _entries(store: Path) -> dict[tuple[str, str], str]:
+    """(kind, digest) -> sha256 of every entry in the store."""
+    out = {}
+    for sidecar in (store / "v2").glob("*/*/*.json"):
+        if sidecar.name == "toolchain.json":
+            continue
+        meta = json.loads(sidecar.read_text())
+        out[(meta["kind"], meta["digest"])] = meta["sha256"]
+    return out
+
+
+def _check(tmp_path: Path, cases: dict[str, dict[str, tuple[str, str]]]) -> dict[str, Any]:
+    names = sorted(cases)
+    src, shared, clean = tmp_path / "cases", tmp_path / "shared", tmp_path / "clean"
+    _write(src, cases, 0)
+    first = _run(src, shared, names)
+    _write(src, cases, 1)
+    second = _run(src, shared, names)
+    own = _run(src, clean, names)
+    have, want = _entries(shared), _entries(clean)
+    wrong = {k for k, sha in want.items() if have.get(k) not in (None, sha)}
+    assert not wrong, f"the shared store serves other code's bytes for {sorted(wrong)}"
+    missing = set(want) - set(have)
+    assert not missing, f"variant B's kernels neither compiled nor loaded: {sorted(missing)}"
+    return {"first": first, "second": second, "own": own}
+
+
+def test_every_change_between_runs_compiles_or_loads_its_own_bytes(tmp_path: Path) -> None:
+    cases = _cases("t")
+    runs = _check(tmp_path, cases)
+    second = runs["second"]
+    # Each variant B here is other code than A: a run that compiled nothing served A's kernel.
+    for name in cases:
+        if name == "raw_opaque_object":
+            assert second[name]["memory_only_compiles"] >= 1, second[name]
+            continue
+        assert second[name]["compiles"] >= 1, f"{name}: {second[name]}"
+    # And what did not change loads: the first variant of the run-time case is in the store.
+    assert runs["first"]["jit_changed_after_first_call"]["compiles"] == 2
+    assert runs["first"]["raw_set_at_run_time"]["compiles"] == 2
+    assert runs["first"]["raw_global"]["compiles"] == 1
+
+
+def test_random_variants_never_load_other_code(tmp_path: Path) -> None:
+    seed = int(os.environ.get("FA4CACHE_TEST_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed} (FA4CACHE_TEST_SEED={seed} repeats it)")
+    rng = random.Random(seed)
+    cases = _random_cases(rng, 6, "r")
+    runs = _check(tmp_path, cases)
+    for name, files in cases.items():
+        unchanged = all(a == b for a, b in files.values())
+        if unchanged:
+            assert runs["second"][name]["compiles"] == 0, f"seed {seed}: {name} recompiled unchanged code"
+
+
+def test_a_constant_set_at_run_time_never_reaches_the_compile_server_as_other_code(tmp_path: Path) -> None:
+    # The process sets masks.WINDOW = 128 at run time (args.window); the file says 64. The
+    # compile server, which imports the module afresh, must not compile the backward from
+    # the file's value under the process's key.
+    pkg = "import cutlass.cute as cute\nWINDOW = {w}\n@cute.jit\ndef mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n    return n_idx <= m_idx + WINDOW\n"
+    main = "from identity_runner import fa4_forward_backward\nimport ah_masks as masks\ndef run():\n    masks.WINDOW = 128\n    fa4_forward_backward(masks.mask_mod, backward={bwd})\n"
+    forward_only = {"ahead": {"ah_masks.py": (pkg.format(w=64),) * 2, "MAIN": (main.format(bwd=False),) * 2}}
+    src, shared, clean = tmp_path / "cases", tmp_path / "shared", tmp_path / "clean"
+    _write(src, forward_only, 0)
+    first = _run(src, shared, ["ahead"], ahead=True)
+    assert first["ahead"]["compiles"] == 1, first  # the forward, here
+    kinds = {k for k, _ in _entries(shared)}
+    assert kinds == {"fwd"}, f"the compile server published {kinds - {'fwd'}} for other code"
+    # The process's own backward, then a clean run of the file saying 128: the same bytes.
+    both = {"ahead": {"ah_masks.py": (pkg.format(w=64),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
+    _write(src, both, 0)
+    _run(src, shared, ["ahead"])
+    clean_case = {"ahead": {"ah_masks.py": (pkg.format(w=128),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
+    _write(src, clean_case, 0)
+    _run(src, clean, ["ahead"])
+    have, want = _entries(shared), _entries(clean)
+    assert set(want) <= set(have) and all(have[k] == v for k, v in want.items())

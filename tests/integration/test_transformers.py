@@ -1,0 +1,503 @@
+"""transformers adapter on the CPU: real models (random weights, from configs), real masks.
+
+FA4 cannot run without a GPU, so the model-level tests swap ``fa4cache.attention`` for a
+float reference that applies the mask's boolean matrix (the same matrix the GPU fuzz test
+holds FA4 to); everything else (transformers' model code, its mask plumbing, kwargs,
+caches, fa4cache's document masks and the adapter) is real. The FA4 kernels themselves are
+cross-compiled for real through the adapter under FakeTensorMode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import subprocess
+import sys
+import zlib
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, worker_env
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    from fa4cache.adapters import transformers as fht
+
+    import fa4cache
+    from fa4cache.ops import attention as attention_mod
+    from fa4cache.ops import step_mask, varlen_calls
+    from tests.helpers import fa4_varlen_model
+
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
+    fht.register()
+    calls = {"masks": 0}
+    real_build = step_mask._build
+
+    def counting_build(*args: Any) -> Any:
+        calls["masks"] += 1
+        return real_build(*args)
+
+    monkeypatch.setattr(step_mask, "_build", counting_build)
+    # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
+    monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
+    monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
+    from fa4cache.ops import kv_cache
+
+    monkeypatch.setattr(
+        kv_cache, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
+    )
+    # fa4cache.attention first: its lazy lookup would otherwise resolve to (and on undo
+    # restore) the already-patched adapter function, leaking the reference to later tests.
+    monkeypatch.setattr(fa4cache, "attention", fa4_varlen_model.mask_reference, raising=False)
+    monkeypatch.setattr(attention_mod, "attention", fa4_varlen_model.mask_reference)
+    step_mask._cache.clear()
+    yield fht, calls
+
+
+def _configs() -> dict[str, Any]:
+    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+
+    small = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3}
+    return {
+        "llama-mha": LlamaConfig(**small, num_attention_heads=4, num_key_value_heads=4),
+        "llama-gqa": LlamaConfig(**small, num_attention_heads=8, num_key_value_heads=2, head_dim=16),
+        "qwen3": Qwen3Config(**small, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        "mistral-sliding": MistralConfig(
+            **small, num_attention_heads=4, num_key_value_heads=2, sliding_window=7
+        ),
+    }
+
+
+def _model(cfg: Any, impl: str) -> Any:
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)  # the same weights for every implementation
+    model = AutoModelForCausalLM.from_config(
+        copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32
+    )
+    assert model.config._attn_implementation == impl
+    return model.eval()
+
+
+def _packing(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.choice([1, 2, 5, 9, 16, 23]) for _ in range(rng.randint(2, 6))]
+
+
+def _packed_and_alone(packed_model: Any, ref_model: Any, lens: list[int]) -> tuple[Any, list[int], Any, Any]:
+    """``(ids, offsets, packed, alone)``: logits of one row of documents of ``lens`` tokens
+    packed through ``packed_model`` (``position_ids`` restarting per document), and of each
+    document run alone through ``ref_model``."""
+    ids = torch.randint(0, packed_model.config.vocab_size, (1, sum(lens)))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = [0, *itertools.accumulate(lens)]
+    with torch.no_grad():
+        packed = packed_model(input_ids=ids, position_ids=pos).logits[0]
+        alone = torch.cat([ref_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+    return ids, cu, packed, alone
+
+
+@pytest.mark.parametrize("name", list(_configs()))
+@pytest.mark.parametrize("form", ["position_ids", "cu_seq_lens", "cu_seqlens"])
+def test_packed_batch_matches_each_document_alone(adapter: Any, name: str, form: str) -> None:
+    fht, calls = adapter
+    cfg = _configs()[name]
+    packed_model = _model(cfg, "fa4cache")
+    sdpa_model = _model(cfg, "sdpa")
+    lens = _packing(hash((name, form)) % 1000)
+    ids = torch.randint(0, cfg.vocab_size, (1, sum(lens)))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw: dict[str, Any] = {"position_ids": pos}
+    if form == "cu_seq_lens":
+        kw |= {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+    elif form == "cu_seqlens":  # continuous batching's naming
+        kw |= {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": max(lens), "max_seqlen_k": max(lens)}
+    with torch.no_grad():
+        packed = packed_model(input_ids=ids, **kw).logits[0]
+        alone = torch.cat(
+            [sdpa_model(input_ids=ids[:, a:b]).logits[0] for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+        )
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5)
+    # One mask per forward step, shared by every layer.
+    assert calls["masks"] == 1, calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "form"),
+    [("qwen3", "position_ids"), ("qwen3", "cu_seq_lens"), ("mistral-sliding", "position_ids")],
+)
+def test_a_compiled_model_trains_like_the_eager_one(adapter: Any, name: str, form: str) -> None:
+    # torch.compile sees the attention as one custom op: the whole model is one graph
+    # (fullgraph=True raises on any graph break), and loss and gradients match the eager
+    # model. New packings recompile nothing, a new longest document (max_length_q) included.
+    # aot_eager: the graph capture and autograd of torch.compile, without a C++ toolchain.
+    fht, calls = adapter
+    cfg = _configs()[name]
+    eager, compiled = _model(cfg, "fa4cache").train(), _model(cfg, "fa4cache").train()
+    run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    from torch._dynamo import config as dynamo_config
+
+    rng = random.Random(7)
+    for step in range(3):
+        cuts = sorted(rng.sample(range(1, 40), 4))  # 5 documents of new lengths, 40 tokens
+        lens = [b - a for a, b in zip([0, *cuts], [*cuts, 40])]
+        ids = torch.randint(0, cfg.vocab_size, (1, 40))
+        pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+        outs = []
+        for model, fn in ((eager, eager), (compiled, run)):
+            model.zero_grad()
+            # Its own tensors: the step-mask cache would otherwise serve both models.
+            kw: dict[str, Any] = {"position_ids": pos.clone()}
+            if form == "cu_seq_lens":
+                cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+                kw |= {
+                    "cu_seq_lens_q": cu,
+                    "cu_seq_lens_k": cu.clone(),
+                    "max_length_q": max(lens),
+                    "max_length_k": max(lens),
+                }
+            with dynamo_config.patch(error_on_recompile=step > 0):
+                loss = fn(input_ids=ids, labels=ids, **kw).loss
+            loss.backward()
+            outs.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(outs[0][1], outs[1][1]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert calls["masks"] == 6, calls  # one per step and model, shared by the backward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+def test_packed_gradients_match_each_document_alone(adapter: Any, batch: int) -> None:
+    # The backward through the custom op (GQA: dK/dV summed over the group; batch 2: the
+    # flattened copies): parameter gradients of a packed step equal the sum over each
+    # document run alone through SDPA.
+    cfg = _configs()["llama-gqa"]
+    packed_model, sdpa_model = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    rows = [_packing(10 + b) for b in range(batch)]
+    T = max(sum(r) for r in rows)
+    rows = [r + ([T - sum(r)] if sum(r) < T else []) for r in rows]
+    ids = torch.randint(0, cfg.vocab_size, (batch, T))
+    pos = torch.stack([torch.cat([torch.arange(n) for n in r]) for r in rows])
+    weight = torch.randn(batch, T, cfg.vocab_size)
+    (packed_model(input_ids=ids, position_ids=pos).logits * weight).sum().backward()
+    for b, r in enumerate(rows):
+        a = 0
+        for n in r:
+            out = sdpa_model(input_ids=ids[b : b + 1, a : a + n]).logits
+            (out * weight[b : b + 1, a : a + n]).sum().backward()
+            a += n
+    for (name, p), q in zip(packed_model.named_parameters(), sdpa_model.parameters()):
+        torch.testing.assert_close(
+            p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )
+
+
+def test_padding_masks_keep_text_away_from_padding(adapter: Any) -> None:
+    cfg = _configs()["llama-gqa"]
+    m = _model(cfg, "fa4cache")
+    ref = _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (2, 12))
+    att = torch.ones(2, 12, dtype=torch.long)
+    att[0, 9:] = 0  # right padding
+    with torch.no_grad():
+        got = m(input_ids=ids, attention_mask=att).logits
+        want = ref(input_ids=ids, attention_mask=att).logits
+    torch.testing.assert_close(got[0, :9], want[0, :9], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=2e-5)
+
+
+def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
+    from fa4cache.ops import step_mask
+
+    cfg = _configs()["mistral-sliding"]  # sliding_window=7
+    with torch.no_grad():
+        _model(cfg, "fa4cache")(
+            input_ids=torch.zeros(1, 30, dtype=torch.long), position_ids=torch.arange(30).view(1, -1)
+        )
+    (m,) = [mask for _, mask in step_mask._cache.values()]
+    dense = m.dense()[0]
+    # transformers' window of 7 keys: the query and the 6 before it.
+    assert dense[20].nonzero().view(-1).tolist() == list(range(14, 21))
+    assert m.varlen.window_size == (6, 0)
+
+
+def test_generation_with_a_cache_runs_without_a_fallback(adapter: Any, caplog: Any) -> None:
+    # Decoding runs on FA4's KV-cache path (tests/integration/test_generation.py holds it to SDPA).
+    cfg = _configs()["qwen3"]
+    m = _model(cfg, "fa4cache")
+    ref = _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (1, 9))
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        out = m.generate(ids, max_new_tokens=6, do_sample=False)
+    want = ref.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, want)
+    assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+
+
+def test_a_fa4cache_mask_in_the_forward_kwargs_is_used_by_every_layer(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fa4cache.masks import make_document_mask
+
+    cfg = _configs()["llama-mha"]
+    m = _model(cfg, "fa4cache")
+    ids = torch.randint(0, cfg.vocab_size, (1, 20))
+    prefix = make_document_mask(torch.tensor([0, 12, 20]), prefix_lengths=torch.tensor([5, 3]))
+    seen = []
+    from fa4cache.ops import attention as attention_mod
+
+    real = attention_mod.attention
+
+    def spy(q: Any, k: Any, v: Any, mask: Any, **kw: Any) -> Any:
+        seen.append(mask)
+        return real(q, k, v, mask, **kw)
+
+    import fa4cache
+
+    monkeypatch.setattr(fa4cache, "attention", spy)  # the adapter calls fa4cache.attention
+    with torch.no_grad():
+        m(input_ids=ids, fa4cache_mask=prefix)
+    assert len(seen) == cfg.num_hidden_layers and all(s is prefix for s in seen)
+
+
+def test_registration_names_and_flash_attention_4_fix(adapter: Any) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    assert "fa4cache" in AttentionInterface._global_mapping
+    assert "fa4cache" in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    import flash_attn.cute as fa
+
+    assert getattr(fa.flash_attn_varlen_func, "__fa4cache_max_seqlen_fix__", False)
+    import inspect
+
+    assert "max_seqlen_q" in inspect.signature(fa.flash_attn_varlen_func).parameters
+
+
+COMPILE = r"""
+import os, sys
+os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_90"); os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import fa4cache
+from fa4cache.ops import packed_attention, step_mask
+from fa4cache.adapters import transformers as fht
+from fa4cache.adapters.compile.warm import fake_copy
+
+SOFTCAP = float(os.environ.get("FA4CACHE_TEST_SOFTCAP", "0")) or None
+fht.register(max_documents=16)
+store = fa4cache.install()
+
+class Attn:  # what transformers hands the attention function
+    is_causal = True
+
+# Under FakeTensorMode the custom op would run only its shape function: call its body.
+packed_attention.op = lambda: packed_attention.forward
+
+def step(lens, window):
+    T = sum(lens)
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    # The step's mask from real CPU position_ids (masks are built before faking), then
+    # the adapter's own call into the op's body and FA4, on fake CUDA tensors.
+    mask = step_mask.step_mask(batch=1, seqlen=T, causal=True, window=window, position_ids=pos)
+    with FakeTensorMode(), torch.no_grad():
+        fake = fake_copy(mask)
+        packed_attention.step_mask = lambda **kw: fake
+        q = torch.empty(1, 8, T, 64, dtype=torch.bfloat16, device="cuda")
+        kv = torch.empty(1, 2, T, 64, dtype=torch.bfloat16, device="cuda")
+        out, _ = fht.attention_forward(
+            Attn(), q, kv, kv, None, scaling=0.125, sliding_window=None if window is None else window + 1,
+            softcap=SOFTCAP, position_ids=pos,
+        )
+        assert tuple(out.shape) == (1, T, 8, 64)
+
+for lens in ([100, 200], [17, 1, 300, 5], [640]):
+    for window in (None, 63):
+        step(lens, window)
+store.counters.flush()
+print("RESULT", int(store.counters.values["compiles"]), int(store.counters.values["disk_hits"]))
+"""
+
+
+@pytest.mark.compile
+def test_fa4_kernels_compile_through_the_adapter_once(tmp_path: Any) -> None:
+    # Real FA4 forward kernels, cross-compiled for sm_90 through attention_forward: new
+    # lengths compile nothing; a second process loads them all.
+    def run() -> list[int]:
+        p = subprocess.run(
+            [sys.executable, "-c", COMPILE], cwd=ROOT, env=worker_env(tmp_path / "store"),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [int(x) for x in p.stdout.split("RESULT", 1)[1].split()]
+
+    compiles, hits = run()
+    assert compiles >= 2 and hits == 0  # causal and causal+window forward kernel sets
+    again, hits = run()
+    assert again == 0 and hits == compiles
+
+
+def test_the_step_mask_follows_its_source_tensor(adapter: Any) -> None:
+    # One mask per step: any tensor over the same memory, layout and version (what a layer
+    # or the compiled backward sees) gets the same mask; a batch written into the same
+    # buffer (CUDA-graph staging) gets a new one with the new documents.
+    from fa4cache.ops.step_mask import step_mask
+
+    _, calls = adapter
+    pos = torch.cat([torch.arange(n) for n in (3, 5, 4)]).view(1, -1)
+    kw = {"batch": 1, "seqlen": 12, "causal": True, "window": None}
+    first = step_mask(position_ids=pos, **kw)
+    assert step_mask(position_ids=pos.view(1, 12), **kw) is first
+    assert calls["masks"] == 1
+    pos.copy_(torch.cat([torch.arange(n) for n in (6, 6)]).view(1, -1))
+    second = step_mask(position_ids=pos, **kw)
+    assert second is not first and calls["masks"] == 2
+    want = torch.zeros(12, 12, dtype=torch.bool)
+    want[:6, :6] = want[6:, 6:] = True
+    assert torch.equal(second.dense()[0], want.tril())
+    assert step_mask(position_ids=pos.clone(), **kw) is not second  # other memory: built again
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_warm_from_a_model_config_covers_what_the_adapter_compiles(tmp_path: Any, softcap: Any) -> None:
+    # `fa4cache warm --hf-config` reads only config.json: afterwards the adapter's own
+    # calls (full and sliding layers, new lengths) compile nothing and load every kernel;
+    # with Gemma 2's attn_logit_softcapping, the kernels with that cap (the softcapped
+    # backward is cross-compiled too: "0 failed").
+    import json
+
+    from tests.conftest import run_cli
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    cfg = {
+        "model_type": "qwen3", "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "hidden_size": 256, "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    if softcap is not None:
+        cfg.update(model_type="gemma2", attn_logit_softcapping=softcap)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    w = run_cli(store, "warm", "--hf-config", str(tmp_path), *(["--no-backward"] if softcap is None else []))
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert "2 specs" in w.stdout and "0 failed" in w.stdout, w.stdout
+    env = {**worker_env(store), "FA4CACHE_TEST_SOFTCAP": str(softcap or 0)}
+    p = subprocess.run(
+        [sys.executable, "-c", COMPILE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    compiles, hits = (int(x) for x in p.stdout.split("RESULT", 1)[1].split())
+    assert compiles == 0 and hits >= 2, (compiles, hits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen3", "mistral-sliding"])
+def test_unpacked_batches_match_sdpa(adapter: Any, name: str) -> None:
+    # A plain batch (no packing, no mask): each row is one document.
+    cfg = _configs()[name]
+    ids = torch.randint(0, cfg.vocab_size, (2, 20))
+    with torch.no_grad():
+        got = _model(cfg, "fa4cache")(input_ids=ids).logits
+        want = _model(cfg, "sdpa")(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.slow
+def test_softcapped_packed_batch_takes_the_fa4_path_and_keeps_documents_apart(
+    adapter: Any, caplog: Any
+) -> None:
+    # Gemma 2 softcaps attention logits: the packed path hands the cap to FA4's varlen calls
+    # (modelled here; the GPU test runs FA4) with no fallback, keeps packed documents apart
+    # and caps as transformers' eager path does.
+    from transformers import Gemma2Config
+
+    cfg = Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=6, attn_logit_softcapping=3.0,
+        query_pre_attn_scalar=16,
+    )  # fmt: skip
+    import copy
+
+    uncapped_cfg = copy.deepcopy(cfg)
+    uncapped_cfg.attn_logit_softcapping = None
+    models = [_model(c, impl) for c, impl in ((cfg, "fa4cache"), (cfg, "eager"), (uncapped_cfg, "eager"))]
+    for m in models:  # logits large enough for the cap to bite (random init gives tiny ones)
+        for name, w in m.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                w.data *= 40
+    packed_model, eager_model, uncapped_model = models
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        ids, cu, packed, alone = _packed_and_alone(packed_model, eager_model, [5, 11, 1, 8])
+    with torch.no_grad():
+        uncapped = uncapped_model(input_ids=ids[:, cu[1] : cu[2]]).logits[0]
+    torch.testing.assert_close(packed, alone, atol=1e-4, rtol=1e-4)
+    # Without the cap the logits differ: the comparison above can see a missing softcap.
+    assert not torch.allclose(uncapped, alone[cu[1] : cu[2]], atol=1e-2)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # no fallback
+
+
+def test_dropout_fallback_keeps_documents_apart(adapter: Any) -> None:
+    # With attention dropout the fallback drops probabilities; a document's output must still
+    # not depend on another document's tokens (the seed fixes the dropout pattern).
+    from fa4cache.adapters import transformers as fht
+
+    torch.manual_seed(0)
+    B, T, H, D = 1, 12, 2, 8
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    module = type("M", (), {"is_causal": True})()
+
+    def run(kk: Any, vv: Any) -> Any:
+        torch.manual_seed(1)
+        return fht.attention_forward(module, q, kk, vv, None, dropout=0.3, position_ids=pos)[0]
+
+    out = run(k, v)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :5] += 5.0  # change only the first document's keys and values
+    v2[:, :, :5] -= 3.0
+    out2 = run(k2, v2)
+    assert torch.equal(out[:, 5:], out2[:, 5:]), "the second document saw the first one"
+    assert not torch.equal(out[:, :5], out2[:, :5])
+
+
+def _family_configs() -> dict[str, Any]:
+    import transformers as tf
+
+    small = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    return {
+        "gemma3-sliding": tf.Gemma3TextConfig(
+            **small, **heads, head_dim=16, sliding_window=6, query_pre_attn_scalar=16
+        ),
+        "qwen2-sliding": tf.Qwen2Config(
+            **small, **heads, use_sliding_window=True, sliding_window=6, max_window_layers=1
+        ),
+        "phi3": tf.Phi3Config(**small, **heads, pad_token_id=0),
+        "mixtral-moe": tf.MixtralConfig(**small, **heads, num_local_experts=4, num_experts_per_tok=2),
+        "gpt-neox": tf.GPTNeoXConfig(**small, num_attention_heads=4),
+        "olmo2": tf.Olmo2Config(**small, **heads),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_family_configs()))
+def test_other_model_families_pack_like_each_document_alone(adapter: Any, name: str) -> None:
+    # Beyond the four the issue names: other attention layouts (q/k norms, partial rotary,
+    # MoE, alternating sliding layers) through the same interface, against "eager".
+    cfg = _family_configs()[name]
+    lens = [*_packing(zlib.crc32(name.encode())), 1]  # and a 1-token document
+    _, _, packed, alone = _packed_and_alone(_model(cfg, "fa4cache"), _model(cfg, "eager"), lens)
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5, msg=lambda m: f"lens {lens}: {m}")

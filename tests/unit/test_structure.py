@@ -1,0 +1,306 @@
+"""The bugs the old structure caused, and the layering rule that prevents them."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fa4cache.errors import ConfigError, UnstableKeyError
+from tests.conftest import ROOT, run_cli
+
+# The layers, lowest first: a module may import its own layer and the ones below, never above
+# (function-level imports included). The package face (fa4cache/__init__) resolves lazily.
+LAYERS = (
+    ("fa4cache.errors", "fa4cache.settings", "fa4cache.hashing", "fa4cache.arch", "fa4cache.validate", "fa4cache.version",
+     "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity"),
+    ("fa4cache.store", "fa4cache.warmth"),
+    ("fa4cache.masks",),
+    ("fa4cache.ops", "fa4cache.aot"),
+    ("fa4cache.adapters",),
+    ("fa4cache.ray_integration",),
+    ("fa4cache.cli", "fa4cache.__main__"),
+)  # fmt: skip
+
+def _report() -> Any:
+    """scripts/structure_report.py: the one import graph the report and these checks share."""
+    spec = importlib.util.spec_from_file_location("structure_report", ROOT / "scripts" / "structure_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("structure_report", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+_graph = _report()
+PACKAGE_DIRS = _graph.PACKAGE_DIRS
+
+
+def _modules() -> dict[str, Path]:
+    return _graph.modules()
+
+
+def _project_imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    return _graph.imports(name)
+
+
+def _layer(name: str) -> int:
+    best = None
+    for rank, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or name.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (rank, len(p))
+    assert best is not None, f"{name} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def test_nothing_imports_upward() -> None:
+    mods = _modules()
+    offenders = []
+    for name, path in mods.items():
+        if name == "fa4cache":  # the lazy package face
+            continue
+        for dep in _project_imports(name, path, mods):
+            if dep != "fa4cache" and _layer(dep) > _layer(name):
+                offenders.append(f"{name} -> {dep}")
+    assert not offenders, "upward imports: " + ", ".join(sorted(offenders))
+
+
+def test_no_import_circles() -> None:
+    # A package's face re-exporting its own modules is not a circle of peers (graph() drops it).
+    assert _graph.circles(_graph.graph()) == []
+
+
+def test_the_structure_report_runs_and_counts_the_graph() -> None:
+    p = subprocess.run([sys.executable, "scripts/structure_report.py", "--json"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    r = json.loads(p.stdout)
+    assert r["import_circles"] == [] and r["modules"] == len(_modules())
+    chain = r["adapters_longest_chain"]
+    assert len(chain) == r["adapters_floors"] >= 2
+    assert all(b in _graph.graph()[a] for a, b in zip(chain, chain[1:]))  # a real chain of imports
+
+
+def test_a_circle_is_found_when_there_is_one() -> None:
+    assert _graph.circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_adapters_cannot_load_twice_under_another_name() -> None:
+    for top in ("adapters", "ray_integration"):
+        p = subprocess.run([sys.executable, "-c", f"import {top}"], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode != 0 and f"import fa4cache.{top}" in p.stderr, p.stderr
+
+
+def test_no_module_parses_an_arch_but_fa4cache_arch() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if name == "fa4cache.arch":
+            continue
+        text = path.read_text()
+        for needle in (
+            'environ.get("FLASH_ATTENTION_ARCH")',
+            "def parse_arch",
+            "DEFAULT_NUM_SMS = ",
+            "ARCH_ENV = ",
+        ):
+            if needle in text:
+                offenders.append(f"{name}: {needle}")
+    assert not offenders, offenders
+
+
+def _template_module(tmp_path: Path, name: str, window: str) -> object:
+    tmp_path.mkdir()
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            f"""
+            import fa4cache
+
+            WINDOW = {window}
+
+            @fa4cache.mask_template
+            def banded(causal: bool):
+                def mask_mod(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
+                    return (n_idx <= m_idx) & (n_idx > m_idx - WINDOW)
+                return mask_mod
+            """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_mask_hash_changes_with_a_global_value_it_reads(tmp_path: Path) -> None:
+    # The same module name in both: only the value of WINDOW differs.
+    a = _template_module(tmp_path / "a", "tmpl_window", "256")
+    ha = a.banded(causal=True).__cute_hash__  # type: ignore[attr-defined]
+    b = _template_module(tmp_path / "b", "tmpl_window", "512")
+    hb = b.banded(causal=True).__cute_hash__  # type: ignore[attr-defined]
+    c = _template_module(tmp_path / "c", "tmpl_window", "256")
+    hc = c.banded(causal=True).__cute_hash__  # type: ignore[attr-defined]
+    assert ha != hb, "WINDOW=256 and WINDOW=512 must not share a kernel"
+    assert ha == hc, "the same source and values must give the same hash"
+
+
+def test_a_global_value_without_stable_encoding_is_never_keyed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mod = _template_module(tmp_path / "d", "tmpl_obj", "object()")
+    with caplog.at_level(logging.WARNING, logger="fa4cache"):
+        mask = mod.banded(causal=True)  # type: ignore[attr-defined]
+    assert not hasattr(mask, "__cute_hash__")  # no key for FA4's own cache either
+    assert "in memory only" in caplog.text and "WINDOW" in caplog.text
+    with pytest.raises(UnstableKeyError, match="WINDOW"):
+        mod.banded.hash_for(causal=True)  # type: ignore[attr-defined]
+
+
+def test_prune_stale_judges_by_recorded_use_not_by_this_shells_environment(tmp_path: Path) -> None:
+    from fa4cache.store.store import Store
+    from tests.helpers.fake_compiler import FakeFA4
+
+    store = Store.at(tmp_path / "c")
+    FakeFA4(store).call(1, 0)  # the job's toolchain, used just now
+    # A shell with other code-generation knobs than the job computes another toolchain id.
+    p = run_cli(tmp_path / "c", "prune", "--fingerprint", "stale", env={"CUTE_DSL_EXTRA_KNOB": "1"})
+    assert p.returncode == 0, p.stderr
+    assert len(list(store.layout.iter_entries())) == 1, p.stdout
+
+
+def test_every_flag_setting_parses_the_same_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from fa4cache.masks import make_document_mask
+    from fa4cache.masks.blocksparse import _use_triton
+
+    cuda_like = type("CudaTensor", (), {"is_cuda": True})()
+    monkeypatch.setenv("FA4CACHE_TRITON", "false")
+    assert not _use_triton(cuda_like, (128, 128), None)
+    monkeypatch.setenv("FA4CACHE_TRITON", "off")
+    assert not _use_triton(cuda_like, (128, 128), None)
+    monkeypatch.setenv("FA4CACHE_INTERVAL_MASKING", "garbage")
+    with pytest.raises(ConfigError, match="FA4CACHE_INTERVAL_MASKING"):
+        make_document_mask(torch.tensor([0, 3]))
+    monkeypatch.setenv("FA4CACHE_INTERVAL_MASKING", "no")
+    assert not hasattr(make_document_mask(torch.tensor([0, 3])).mask_mod, "__fa4cache_row_intervals__")
+    monkeypatch.setenv("FA4CACHE_LOCK_TIMEOUT", "nan")
+    from fa4cache.settings import Settings
+
+    with pytest.raises(ConfigError, match="FA4CACHE_LOCK_TIMEOUT"):
+        Settings.from_env("/tmp/x")
+
+
+def test_settings_page_and_fa4cache_env_come_from_the_one_declaration(tmp_path: Path) -> None:
+    import importlib.util
+
+    from fa4cache.settings import DSL_CACHES_OFF, SETTINGS, markdown_table
+
+    # The docs' settings reference is generated from the declaration at build time
+    # (scripts/docs_hooks.py, run by mkdocs; tests/unit/test_docs.py builds the site).
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    assert markdown_table() in hooks.settings_page((ROOT / "docs" / "settings.md").read_text())
+    p = run_cli(tmp_path / "c", "env", env={"FA4CACHE_TRITON": "0", "FA4CACHE_MAX_SIZE": "2G"})
+    assert p.returncode == 0, p.stderr
+    out = dict(line.split("=", 1) for line in p.stdout.splitlines())
+    assert out["FA4CACHE_TRITON"] == "0" and out["FA4CACHE_MAX_SIZE"] == str(2 << 30)
+    assert set(out) <= {s.name for s in SETTINGS} | set(DSL_CACHES_OFF)
+    bad = run_cli(tmp_path / "c", "env", env={"FA4CACHE_TRITON": "maybe"})
+    assert bad.returncode == 2 and "FA4CACHE_TRITON" in bad.stderr
+
+
+def test_toolchain_names_the_host_cpu_architecture(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from fa4cache.fingerprint import toolchain
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    x86 = toolchain(90)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    arm = toolchain(90)
+    assert x86.id != arm.id and arm.describe()["machine"] == "aarch64"
+
+
+def test_the_architecture_page_names_every_module_once() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Layout") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
+    listed: list[str] = []
+    stack: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        name = line.strip().split(" ")[0]
+        if not name or not (name.endswith(".py") or name.endswith("/")):
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "".join(p for _, p in stack) + name
+        if name.endswith("/"):
+            stack.append((indent, name))
+        else:
+            listed.append(path)
+    modules = sorted(
+        str(p.relative_to(ROOT))
+        for d in PACKAGE_DIRS.values()
+        for p in d.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+        or p.parent.name in ("masks", "cli")
+        or p.parent == ROOT / "fa4cache"
+    )
+    missing = sorted(set(modules) - set(listed))
+    assert not missing, f"modules docs/architecture.md's layout does not name: {missing}"
+    assert len(listed) == len(set(listed)), "a module named twice"
+
+
+@pytest.mark.parametrize(
+    "env, arch",
+    [
+        ({"FLASH_ATTENTION_ARCH": "sm_90"}, 90),
+        ({"FLASH_ATTENTION_ARCH": "sm_90a"}, 90),
+        ({"FLASH_ATTENTION_ARCH": "9.0"}, 90),
+        ({"CUTE_DSL_ARCH": "sm_100a"}, 100),
+        ({"FLASH_ATTENTION_ARCH": "sm_103"}, 103),
+        ({}, None),
+    ],
+)
+def test_one_arch_answer_for_the_cli_warm_tiles_and_the_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], arch: int | None
+) -> None:
+    from fa4cache import arch as arch_mod
+    from fa4cache.fingerprint import toolchain
+    from fa4cache.masks.tiles import DEFAULT_MASK_ARCH, target_arch
+
+    for var in ("FLASH_ATTENTION_ARCH", "CUTE_DSL_ARCH", "FLASH_ATTENTION_NUM_SMS"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert arch_mod.resolved_arch() == arch  # no torch imported here: no GPU answers
+    assert toolchain().arch == arch
+    assert target_arch() == (arch or DEFAULT_MASK_ARCH)  # masks built where nothing names a target
+    cli_env = {"FLASH_ATTENTION_ARCH": "", "CUTE_DSL_ARCH": "", "FLASH_ATTENTION_NUM_SMS": "", **env}
+    out = run_cli(tmp_path / "c", "doctor", env=cli_env).stdout
+    if arch is None:
+        with pytest.raises(arch_mod.NoTargetArch, match="FLASH_ATTENTION_ARCH"):
+            arch_mod.target_arch()
+        assert "target                       none: no GPU and FLASH_ATTENTION_ARCH unset" in out
+    else:
+        assert arch_mod.target_arch() == arch
+        sms = arch_mod.DEFAULT_NUM_SMS[arch]
+        assert f"target                       sm_{arch}, {sms} SMs" in out
+        # warm's cross-compile environment for the same arch names it the same way.
+        warm_env = arch_mod.cross_compile_env(f"sm_{arch}")
+        assert arch_mod.parse_arch(warm_env["FLASH_ATTENTION_ARCH"]) == arch
+        assert warm_env["FLASH_ATTENTION_NUM_SMS"] == str(sms)
