@@ -22,7 +22,7 @@ _FACE = {
     "set_cross_compile_env": "fa4cache.adapters.compile.warm",
     "WarmResult": "fa4cache.adapters.compile.warm",
     "warm_parallel": "fa4cache.adapters.compile.parallel",
-    "default_jobs": "fa4cache.adapters.compile.parallel",
+    "default_jobs": "fa4cache.adapters.compile.task",
     "warm_jit": "fa4cache.adapters.compile.warm_jit",
     "quack_calls": "fa4cache.adapters.compile.warm_jit",
     "warm_generation": "fa4cache.adapters.compile.generation",

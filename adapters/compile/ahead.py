@@ -33,7 +33,7 @@ from typing import Any
 from fa4cache.adapters.compile import kernel_set
 from fa4cache.adapters.compile import server as compile_server
 from fa4cache.adapters.compile.kernel_set import CallJob, Kernel
-from fa4cache.adapters.compile.task import CompileTask
+from fa4cache.adapters.compile.task import CompileTask, cpu_count, default_jobs
 from fa4cache.adapters.fa4 import compile_cache, events
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
 
@@ -282,7 +282,7 @@ def _children(kernels: int) -> int:
     import os
 
     per_node = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 1), 1)
-    return max(1, min(kernels, compile_server.cpu_count() // per_node))
+    return max(1, min(kernels, cpu_count() // per_node))
 
 
 def _server_env() -> dict[str, str] | None:
@@ -364,8 +364,6 @@ def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
     server = _get_server()
     if server is None:
         return []
-    from fa4cache.adapters.compile.parallel import default_jobs
-
     n = _children(default_jobs(specs))
     task = CompileTask(jobs=tuple(kernel_set.SpecJob(s.to_dict()) for s in specs), ahead=True, fork=n)
     server.submit(task)

@@ -22,17 +22,6 @@ from fa4cache.aot.spec import KernelSpec
 
 log = logging.getLogger(__name__)
 
-# Kernels of one spec: the forward, and with the backward its preprocess, the backward
-# and two postprocess conversions (dQ, dK/dV). Only sizes the default pool.
-KERNELS_PER_SPEC = {False: 1, True: 5}
-
-
-def default_jobs(specs: list[KernelSpec]) -> int:
-    """As many workers as CPU cores and kernels."""
-    kernels = sum(KERNELS_PER_SPEC[s.backward] for s in specs)
-    return max(1, min(compile_server.cpu_count(), kernels))
-
-
 def warm_parallel(
     specs: list[KernelSpec], jobs: int, cache_dir: str, on_fork: Callable[[], None] = lambda: None
 ) -> list[dict[str, Any]]:

@@ -27,8 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fa4cache.adapters.compile.task import CompileTask
-from fa4cache.adapters.compile.worker import PARENT_ENV, encode_task
+from fa4cache.adapters.compile.task import PARENT_ENV, CompileTask, encode_task
 
 from fa4cache.arch import (
     ARCH_ENV,
@@ -45,13 +44,6 @@ log = logging.getLogger(__name__)
 TARGET_VARS = (ARCH_VAR, DSL_ARCH_VAR, NUM_SMS_VAR)
 _live: set[CompileServer] = set()
 _live_lock = threading.Lock()
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def target_env(arch: int | None = None, num_sms: int | None = None) -> dict[str, str] | None:

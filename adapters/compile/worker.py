@@ -27,17 +27,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import struct
 import sys
 import threading
 import time
 from typing import Any
 
-from fa4cache.adapters.compile.task import CompileTask
-
-PARENT_ENV = "FA4CACHE_WORKER_PARENT"
-_HEADER = struct.Struct("<Q")
+from fa4cache.adapters.compile.task import PARENT_ENV, CompileTask, read_task
 
 
 def die_with_parent(*, watch: bool = True) -> None:
@@ -64,29 +59,6 @@ def die_with_parent(*, watch: bool = True) -> None:
 
     if parent and watch:
         threading.Thread(target=watchdog, name="fa4cache-parent-watch", daemon=True).start()
-
-
-def read_task(fd: int = 0) -> Any | None:
-    head = _read_exact(fd, _HEADER.size)
-    if head is None:
-        return None
-    body = _read_exact(fd, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def encode_task(task: Any) -> bytes:
-    body = pickle.dumps(task)
-    return _HEADER.pack(len(body)) + body
 
 
 def _say(line: str, fd: int = 1) -> None:
