@@ -42,6 +42,7 @@ from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, UseRecord
 from .tiers import Artifact, LocalDir, ReadOnlyBase, RemoteTier, Tier, load_tier_class
 
 log = logging.getLogger(__name__)
+DISTRIBUTED_TIER = "fa4cache.adapters.distributed.tier:DistributedTier"  # FA4CACHE_DISTRIBUTED=1
 
 
 class Store:
@@ -96,7 +97,7 @@ class Store:
         return tuple(local + bases + ([self.remote] if self.remote else []))
 
     def _remote_tier(self) -> RemoteTier | None:
-        spec = self.settings.remote_tier
+        spec = self.settings.remote_tier or (DISTRIBUTED_TIER if self.settings.distributed else None)
         if not spec or not self.writable:  # fetched bytes load from the local directory only
             return None
         try:

@@ -364,6 +364,20 @@ class LocalDir(_DirTier):
         return moved
 
 
+def verify_copy(ref: EntryRef, side: bytes, data: bytes, *, tier: str) -> Artifact | None:
+    """An :class:`Artifact` of a copy from another node (a cluster peer, the job's store) if
+    its sidecar parses for ``ref``, carries key text that hashes to ``ref``'s digest, and
+    vouches for ``data`` (size, sha256); None for anything else. A peer's checksum only says
+    that the bytes are the ones its sidecar names; the key check says they were compiled
+    for this key."""
+    if not isinstance(side, bytes) or not isinstance(data, bytes) or len(side) > MAX_SIDECAR_BYTES:
+        return None
+    sidecar = Sidecar.parse(side, ref)
+    if sidecar is None or sidecar.key_problem(required=True) or not sidecar.matches(data):
+        return None
+    return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier=tier)
+
+
 def load_tier_class(spec: str) -> Callable[..., Any]:
     """``module:Class`` -> the class (Triton's way of naming a remote cache backend)."""
     import importlib
