@@ -147,3 +147,16 @@ def test_the_tier_issues_no_collectives() -> None:
     ).read_text()
     for op in ("barrier(", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "send(", "recv(", "monitored_barrier"):
         assert op not in src, op
+
+
+def test_doctor_says_which_single_flight_mode(tmp_path: Path) -> None:
+    from fa4cache.adapters.distributed.tier import single_flight_mode
+
+    from .conftest import run_cli
+
+    p = run_cli(tmp_path, "doctor", env={"FA4CACHE_DISTRIBUTED": "1"})
+    line = [x for x in p.stdout.splitlines() if "single-flight" in x]
+    assert line and "torch.distributed tier's job-wide leases" in line[0], p.stdout
+    assert single_flight_mode(None, False, True, None)[0] == "warn"  # NFS, no job tier: two may compile
+    status, words = single_flight_mode(None, True, True, False)
+    assert status == "ok" and "without flock" in words and "leases" in words

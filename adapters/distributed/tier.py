@@ -394,3 +394,27 @@ class _NoLocks:
 class _NoCounters:
     def add(self, *a: Any, **k: Any) -> None:
         pass
+
+
+def single_flight_mode(remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None) -> tuple[str, str]:
+    """``doctor``'s line on how one compile per key is kept: (status, words)."""
+    tier = remote_tier or ("torch.distributed" if distributed else None)
+    if tier and "ray_integration" in tier:
+        tier = "Ray cluster"
+    if shared_fs or locks_work is False:
+        where = "shared filesystem" if shared_fs else "filesystem whose flock does not exclude"
+        if tier:
+            return "ok", (
+                f"{where}: publishes stay correct without flock (rename, then a superseded sidecar is "
+                f"withdrawn); single-flight by the {tier} tier's job-wide leases"
+                + (" once the process group exists" if tier == "torch.distributed" else "")
+            )
+        return "warn", (
+            f"{where}: publishes stay correct without flock, but two processes may compile one kernel; "
+            "under torchrun set FA4CACHE_DISTRIBUTED=1 (job-wide leases), or use a node-local FA4CACHE_DIR"
+        )
+    if tier:
+        return "ok", f"node file locks, then the {tier} tier's job-wide leases" + (
+            " (once the default process group exists)" if tier == "torch.distributed" else ""
+        )
+    return "ok", "node file locks (each node compiles its own copy; FA4CACHE_DISTRIBUTED=1 under torchrun)"
