@@ -169,11 +169,15 @@ SETTINGS: tuple[Setting, ...] = (
             "warnings (the store memory-only, the base ignored)", "insecure_policy"),
     Setting("FA4CACHE_REMOTE_TIER", parse_class_path, None, "a remote store tier, `module:Class`, asked after the local "
             "and base stores (`fa4cache.env(cluster=True)` sets the Ray cluster tier)", "remote_tier"),
-    Setting("FA4CACHE_CLUSTER_LEASE", parse_seconds, 30.0, "Ray cluster tier: seconds a compile lease "
+    Setting("FA4CACHE_DISTRIBUTED", parse_flag, False, "`1` (or `install(distributed=True)`): once the "
+            "default torch.distributed process group exists, a local miss asks the job's c10d store, and "
+            "each kernel compiles once per job (docs/distributed.md); ignored if `FA4CACHE_REMOTE_TIER` is set",
+            "distributed"),
+    Setting("FA4CACHE_CLUSTER_LEASE", parse_seconds, 30.0, "cluster tiers (Ray, torch.distributed): seconds a compile lease "
             "lasts unless its holder renews it (it does, every third of that, while compiling); a dead "
             "holder's lease passes to a waiting node after at most this long"),
-    Setting("FA4CACHE_CLUSTER_TIMEOUT", parse_seconds, 10.0, "Ray cluster tier: seconds any one call to "
-            "the registry or a peer may take before this process compiles locally (one warning)"),
+    Setting("FA4CACHE_CLUSTER_TIMEOUT", parse_seconds, 10.0, "cluster tiers: seconds any one call to "
+            "the registry, a peer or the job's c10d store may take before this process compiles locally (one warning)"),
     Setting("FA4CACHE_BUNDLE", parse_text, None, "a bundle file (`fa4cache bundle export`) that the Ray hook "
             "imports into each node's store at worker start (verified; a bad bundle is refused whole)"),
     Setting("FA4CACHE_BUNDLE_MAX_SIZE", parse_size, 32 << 30, "bundle import: most bytes of artifacts "
@@ -316,6 +320,7 @@ class Settings:
     trusted_uids: tuple[int, ...] = ()
     insecure_policy: str | None = None  # None: the store refused, a base ignored (warned)
     remote_tier: str | None = None
+    distributed: bool = False  # the torch.distributed tier when remote_tier is unset
     disabled: bool = False
     # A per-node path (placeholders, FA4CACHE_NODE_LOCAL=1, the node-local default): if
     # another user squatted it, the private default is used instead (fa4cache.store.root).

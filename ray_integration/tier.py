@@ -27,8 +27,7 @@ from fa4cache.ray_integration.registry import Registry
 
 from fa4cache.settings import setting
 from fa4cache.store.paths import EntryRef
-from fa4cache.store.sidecar import MAX_SIDECAR_BYTES, Sidecar
-from fa4cache.store.tiers import Artifact
+from fa4cache.store.tiers import Artifact, verify_copy
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +74,9 @@ class ClusterTier:
         self._wake = threading.Event()
 
     # -- connection -----------------------------------------------------------------
+    def active(self) -> bool:
+        return self._connect() is not None
+
     def _connect(self) -> Any | None:
         if time.monotonic() < self._down_until:
             return None
@@ -303,12 +305,4 @@ def verified(ref: EntryRef, got: Any) -> Artifact | None:
     hashes to ``ref``'s digest and whose checksum and size match; None for anything else."""
     if not (isinstance(got, tuple) and len(got) == 2):
         return None
-    side, data = got
-    if not isinstance(side, bytes) or not isinstance(data, bytes) or len(side) > MAX_SIDECAR_BYTES:
-        return None
-    sidecar = Sidecar.parse(side, ref)
-    # The key text must hash to the digest asked for: a peer's checksum only says that the
-    # bytes are the ones its sidecar names, not that they were compiled for this key.
-    if sidecar is None or sidecar.key_problem(required=True) or not sidecar.matches(data):
-        return None
-    return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier="cluster")
+    return verify_copy(ref, got[0], got[1], tier="cluster")

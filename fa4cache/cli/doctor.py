@@ -163,7 +163,13 @@ def _filesystem(line: _Report, s: Settings, usable: bool) -> None:
         )
         ok, detail = lock_works(s.cache_dir)
         line("ok" if ok else "FAIL", "file locks", detail)
-    elif usable:
+    else:
+        ok = None
+    from fa4cache.adapters.distributed.tier import single_flight_mode
+
+    status, detail = single_flight_mode(s.remote_tier, s.distributed, fstype in NETWORK_FS, ok)
+    line(status, "single-flight", detail)
+    if usable and not s.cache_dir.exists():
         line("info", "permissions", "directory not created yet")
     try:
         du = shutil.disk_usage(root)

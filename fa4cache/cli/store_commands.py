@@ -84,7 +84,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Evictions", str(st["evictions"])),
         (
             "Cluster",
-            f"{st['remote_hits']} fetched ({st['remote_seconds']:.2f} s), {st['served']} served to other nodes",
+            f"{st['remote_hits']} fetched ({st['remote_seconds']:.2f} s), {st['served']} served to other nodes, "
+            f"{st['split_compiles']} compiled as this node's share of a split kernel set",
         ),
         ("Processes", str(st["processes"])),
     ]

@@ -52,6 +52,9 @@ FIELDS = (
     "remote_hits",
     "remote_seconds",
     "served",
+    # torch.distributed (fa4cache.adapters.distributed): kernels compiled as this node's
+    # share of a kernel set split across the job's nodes (fetched ones count as remote_hits).
+    "split_compiles",
     "ahead_compiles",  # compiled by a background worker before a step asked (compile-ahead)
     "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
     "memory_only_compiles",  # kernels of code no key describes completely: never stored (fa4cache.identity)

@@ -114,6 +114,7 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "remote_hits": int(c["remote_hits"]),
         "remote_seconds": round(c["remote_seconds"], 3),
         "served": int(c["served"]),
+        "split_compiles": int(c["split_compiles"]),
         "processes": agg.get("processes", 0),
         "by_kind": {
             k: {

@@ -26,7 +26,7 @@ from fa4cache.settings import Settings
 from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
 from . import counters as _counters
-from .locks import KeyLocks
+from .locks import KeyLocks, release
 from .root import open_root, usable_base
 from .secure_io import (
     atomic_write,
@@ -43,6 +43,7 @@ from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, UseRecord
 from .tiers import Artifact, LocalDir, ReadOnlyBase, RemoteTier, Tier, load_tier_class
 
 log = logging.getLogger(__name__)
+DISTRIBUTED_TIER = "fa4cache.adapters.distributed.tier:DistributedTier"  # FA4CACHE_DISTRIBUTED=1
 
 
 class Store:
@@ -97,7 +98,7 @@ class Store:
         return tuple(local + bases + ([self.remote] if self.remote else []))
 
     def _remote_tier(self) -> RemoteTier | None:
-        spec = self.settings.remote_tier
+        spec = self.settings.remote_tier or (DISTRIBUTED_TIER if self.settings.distributed else None)
         if not spec or not self.writable:  # fetched bytes load from the local directory only
             return None
         try:
@@ -171,6 +172,21 @@ class Store:
     def try_lock(self, digest: str) -> Any | None:
         """The key's node lock if free now, else None; OSError if it cannot be used at all."""
         return self.locks.try_lock(digest)
+
+    def try_claim(self, digest: str) -> Any | None:
+        """The key's node lock and, in a job, its job-wide lease, if both are free now
+        (releasing the lock ends both); else None. Never waits: a kernel set split across
+        a job's nodes claims what nobody holds and leaves the rest for later."""
+        try:
+            lk = self.locks.try_lock(digest)
+        except OSError:
+            return None
+        if lk is None or self.remote is None or not self.remote.active():
+            return lk
+        if self.remote.acquire(digest, 0):
+            return _LeasedLock(lk, self.remote, digest)
+        release(lk)
+        return None
 
     def held_by_other(self, digest: str) -> bool:
         """Whether another process holds the key's node lock (most likely compiling it)."""

@@ -95,6 +95,10 @@ class RemoteTier(Tier, Protocol):
     last_fetch_seconds: float  # how long the last successful ``get`` took
     last_source: str  # where its bytes came from (a node, a rank): the copy's provenance
 
+    def active(self) -> bool:
+        """Whether this process is part of a job now (connected, or able to connect)."""
+        ...
+
     def acquire(self, digest: str, wait: float) -> bool:
         """Take the job-wide compile lease of ``digest``: True means this process compiles
         it; False means another node published it meanwhile, or the lease could not be had
@@ -362,6 +366,20 @@ class LocalDir(_DirTier):
             except OSError:
                 pass
         return moved
+
+
+def verify_copy(ref: EntryRef, side: bytes, data: bytes, *, tier: str) -> Artifact | None:
+    """An :class:`Artifact` of a copy from another node (a cluster peer, the job's store) if
+    its sidecar parses for ``ref``, carries key text that hashes to ``ref``'s digest, and
+    vouches for ``data`` (size, sha256); None for anything else. A peer's checksum only says
+    that the bytes are the ones its sidecar names; the key check says they were compiled
+    for this key."""
+    if not isinstance(side, bytes) or not isinstance(data, bytes) or len(side) > MAX_SIDECAR_BYTES:
+        return None
+    sidecar = Sidecar.parse(side, ref)
+    if sidecar is None or sidecar.key_problem(required=True) or not sidecar.matches(data):
+        return None
+    return Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier=tier)
 
 
 def load_tier_class(spec: str) -> Callable[..., Any]:

@@ -1,0 +1,420 @@
+"""Compile once per ``torchrun`` job: the store's remote tier on the job's c10d store.
+
+``FA4CACHE_DISTRIBUTED=1`` (or ``fa4cache.install(distributed=True)``) makes every
+:class:`~fa4cache.store.Store` of the process use :class:`DistributedTier` as its remote
+tier (unless ``FA4CACHE_REMOTE_TIER`` names another). It does nothing until the default
+process group exists (``torch.distributed.init_process_group``), and nothing again once it
+is destroyed. While it exists:
+
+* **Lookup.** A local miss asks the job: kernels published by any rank are kept in the
+  job's rendezvous store (the ``TCPStore`` that ``torchrun`` and ``init_process_group``
+  already run), under ``fa4cache/v1/``: a manifest (chunk count, who uploaded it, the
+  entry's sidecar), written after the artifact's chunks (the store's payload limit is
+  8 MiB), so a manifest that exists names chunks that exist. The bytes are verified
+  (:func:`~fa4cache.store.tiers.verify_copy`: sha256 against the sidecar, the sidecar's key
+  text against the digest asked for, its fields against the ref) before the store
+  publishes them locally, and they load from there.
+* **One compile per key, job-wide.** Before a compile (the node's file lock held) a rank
+  takes the key's lease, ``fa4cache/v1/l/<digest>`` = ``<owner> <deadline>``, with
+  ``compare_set`` (atomic on the store's server). Its holder renews it every third of
+  ``FA4CACHE_CLUSTER_LEASE`` while compiling and empties it after publishing. A waiter
+  polls; it takes the lease over (``compare_set`` against the value it saw, so only one
+  waiter wins) when the deadline passed or the holder is a dead process of this host.
+* **Transport only through the store, never the process group.** A kernel miss happens
+  inside the user's forward, on one rank, at a moment no other rank knows about: a
+  collective there could deadlock the training code's own. The tier talks to the store's
+  server over its *own* client connection (a ``TCPStore`` client to the default store's
+  host and port, with timeout ``FA4CACHE_CLUSTER_TIMEOUT``), so neither its requests nor
+  its timeouts touch the user's store object. A default store that is no ``TCPStore``
+  (a ``FileStore``) is used through a ``PrefixStore``, never asked for a key that
+  ``check`` did not find (its ``get`` would block for the group's timeout).
+* **Fallback.** Any store error or timeout: one warning, a local compile, and no store
+  calls for :data:`RETRY_AFTER` seconds. Nothing waits longer than the lock timeout.
+
+Trust: the job is the trust boundary (docs/security.md). Any rank can write any key of the
+store; checksums and the key check catch damage and bytes filed under another key, not a
+rank of the job that uploads wrong bytes for the right key (provenance in the copy's
+sidecar says which rank and host it came from).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fa4cache.settings import setting
+from fa4cache.store.paths import EntryRef
+from fa4cache.store.secure_io import pid_alive
+from fa4cache.store.sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES
+from fa4cache.store.tiers import Artifact, verify_copy
+
+log = logging.getLogger(__name__)
+
+PREFIX = "fa4cache/v1/"
+CHUNK = 4 << 20  # below the TCPStore server's 8 MiB payload limit
+RETRY_AFTER = 60.0  # seconds without store calls after a failure
+POLL = 0.2  # first wait between lease checks (doubles up to POLL_MAX)
+POLL_MAX = 1.0
+MAGIC = b"FA4D1"
+
+
+def _dist() -> Any | None:
+    """torch.distributed, if this process imported it and the default group exists; never
+    imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
+    except Exception:
+        return None
+
+
+# By digest alone: it hashes the toolchain and kind with the key text (the copy's sidecar
+# must name the ref's toolchain and kind to verify).
+def obj_key(digest: str) -> str:
+    return f"o/{digest}"
+
+
+def chunk_key(digest: str, i: int) -> str:
+    return f"c/{digest}/{i}"
+
+
+def lease_key(digest: str) -> str:
+    return f"l/{digest}"
+
+
+def served_key(source: str) -> str:
+    return f"s/{source}"
+
+
+def manifest(nchunks: int, size: int, source: str, sidecar: bytes) -> bytes:
+    return b"%s %d %d %s\n" % (MAGIC, nchunks, size, source.encode()) + sidecar
+
+
+def parse_manifest(value: bytes) -> tuple[int, int, str, bytes] | None:
+    head, sep, side = value.partition(b"\n")
+    parts = head.split(b" ", 3)
+    if not sep or len(parts) != 4 or parts[0] != MAGIC or len(side) > MAX_SIDECAR_BYTES:
+        return None
+    try:
+        n, size = int(parts[1]), int(parts[2])
+        source = parts[3].decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not (0 < n <= MAX_ARTIFACT_BYTES // CHUNK + 1 and 0 < size <= MAX_ARTIFACT_BYTES):
+        return None
+    return n, size, source, side
+
+
+class DistributedTier:
+    """The store's remote tier on torch.distributed (see the module docstring)."""
+
+    name = "distributed"
+
+    def __init__(self, root: Path) -> None:
+        # Cheap and torch-free: stores are built in processes that never join a job.
+        self.root = Path(root)
+        self.last_fetch_seconds = 0.0
+        self.last_source = ""
+        self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
+        self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
+        self.host = socket.gethostname()
+        self.owner = f"{self.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._lock = threading.RLock()
+        self._store: Any = None
+        self._down_until = 0.0
+        self._warned: set[str] = set()
+        self._held_value: dict[str, str] = {}  # digest -> the lease value this rank wrote
+        self._local: Any = None
+        self._renewer: threading.Thread | None = None
+        self._joined = False  # saw a process group (so its end is news)
+        self._served_seen = 0  # served counter already folded into the local store's counters
+        self.fetched = 0
+        self.uploaded = 0
+        self.handovers = 0
+
+    # -- connection -------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """This rank and its node's store: who uploaded a copy (provenance, served counts)."""
+        rank = os.environ.get("RANK", "?")
+        return f"rank{rank}@{self.host}:{os.getpid()}"
+
+    def active(self) -> bool:
+        return self._connect() is not None
+
+    def _connect(self) -> Any | None:
+        dist = _dist()
+        if dist is None:
+            if self._joined:
+                self._joined = False
+                with self._lock:
+                    self._store = None
+                self._warn("gone", "fa4cache: the process group is gone; compiling locally (shown once)")
+            return None
+        self._joined = True
+        if time.monotonic() < self._down_until:
+            return None
+        with self._lock:
+            if self._store is None:
+                try:
+                    self._store = self._open(dist)
+                except Exception as e:
+                    self._fail(e)
+                    return None
+            return self._store
+
+    def _open(self, dist: Any) -> Any:
+        import datetime
+
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        default = _get_default_store()
+        under = default
+        while hasattr(under, "underlying_store"):
+            under = under.underlying_store
+        if isinstance(under, dist.TCPStore):
+            # Our own connection to the job's store server: our timeouts, our socket.
+            client = dist.TCPStore(
+                under.host,
+                under.port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=self.timeout),
+                wait_for_workers=False,
+            )
+            return dist.PrefixStore(PREFIX, client)
+        return dist.PrefixStore(PREFIX, default)
+
+    def _fail(self, e: BaseException) -> None:
+        with self._lock:
+            self._store = None
+            self._held_value.clear()
+            self._down_until = time.monotonic() + RETRY_AFTER
+        first_line = str(e).splitlines()[0][:200] if str(e) else ""
+        self._warn(
+            "down",
+            f"fa4cache: the job's c10d store is unreachable ({type(e).__name__}: {first_line}); "
+            "compiling locally (shown once)",
+        )
+
+    def _warn(self, tag: str, message: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            log.warning(message)
+
+    # -- the Tier protocol --------------------------------------------------------------
+    def get(self, ref: EntryRef) -> Artifact | None:
+        st = self._connect()
+        if st is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            key = obj_key(ref.digest)
+            if not st.check([key]):
+                return None
+            got = parse_manifest(st.get(key))
+            if got is None:
+                art, source = None, "?"
+            else:
+                n, size, source, side = got
+                data = b"".join(st.multi_get([chunk_key(ref.digest, i) for i in range(n)]))
+                art = verify_copy(ref, side, data, tier=self.name) if len(data) == size else None
+        except Exception as e:
+            self._fail(e)
+            return None
+        if art is None:
+            self._warn(
+                f"bad:{ref.digest}",
+                f"fa4cache: the job's copy of {ref.kind} entry {ref.digest[:16]} (from {source}) does "
+                "not match its key or checksum; not loading it",
+            )
+            return None
+        self.last_fetch_seconds = time.perf_counter() - t0
+        self.last_source = f"torch.distributed {source}"
+        self.fetched += 1
+        self._call_quiet(lambda: st.add(served_key(source), 1))
+        return art
+
+    def announce(self, ref: EntryRef) -> None:
+        """Upload the local copy of ``ref`` to the job's store unless a copy is there."""
+        st = self._connect()
+        if st is None:
+            return
+        try:
+            if st.check([obj_key(ref.digest)]):
+                return
+            art = self._local_dir().get(ref)
+            if art is None or art.sidecar.key is None:  # no key text: nothing binds the copy
+                return
+            data = art.data
+            chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+            for i, c in enumerate(chunks):
+                st.set(chunk_key(ref.digest, i), c)
+            st.set(obj_key(ref.digest), manifest(len(chunks), len(data), self.source, art.sidecar.to_bytes()))
+            self.uploaded += 1
+        except Exception as e:
+            self._fail(e)
+
+    def acquire(self, digest: str, wait: float) -> bool:
+        """True: this rank compiles ``digest`` holding its lease. False: a copy is in the job's
+        store (fetch it), the store cannot say (compile without lease), or another rank held
+        the lease for ``wait`` seconds."""
+        st = self._connect()
+        if st is None:
+            return False
+        end = time.monotonic() + wait
+        poll = POLL
+        mine = ""
+        try:
+            while True:
+                if self._published(st, digest):
+                    return False
+                mine = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                cur = _text(st.compare_set(lease_key(digest), "", mine))
+                if cur == mine:
+                    break
+                # Only one waiter's compare_set sees the value it read: that one takes over.
+                if self._expired(cur) and _text(st.compare_set(lease_key(digest), cur, mine)) == mine:
+                    self.handovers += 1
+                    log.info("fa4cache: took over the compile lease of %s from %s", digest[:16], cur)
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    if wait > 0:
+                        log.warning(
+                            "fa4cache: another rank has been compiling %s for over %.0f s; compiling here "
+                            "too (raise FA4CACHE_LOCK_TIMEOUT if compiles take this long)",
+                            digest[:16],
+                            wait,
+                        )
+                    return False
+                time.sleep(min(poll, left))
+                poll = min(poll * 2, POLL_MAX)
+        except Exception as e:
+            self._fail(e)
+            return False
+        self._hold(digest, mine)
+        return True
+
+    def release(self, digest: str) -> None:
+        with self._lock:
+            mine = self._held_value.pop(digest, None)
+            st = self._store
+        if mine is not None and st is not None:
+            self._call_quiet(lambda: st.compare_set(lease_key(digest), mine, ""))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _local_dir(self) -> Any:
+        if self._local is None:
+            from fa4cache.store.tiers import LocalDir
+
+            self._local = LocalDir(self.root, lambda *a: None, _NoLocks(), _NoCounters())  # type: ignore[arg-type]
+        return self._local
+
+    def _published(self, st: Any, digest: str) -> bool:
+        return bool(st.check([obj_key(digest)]))
+
+    def _expired(self, cur: str) -> bool:
+        owner, _, deadline = cur.rpartition(" ")
+        if not owner:
+            return False  # empty (released just now): the next compare_set takes it
+        try:
+            if time.time() > float(deadline):
+                return True
+        except ValueError:
+            return True  # not a lease: damage
+        host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        return host == self.host and pid.isdigit() and not pid_alive(int(pid))
+
+    def _hold(self, digest: str, value: str) -> None:
+        with self._lock:
+            self._held_value[digest] = value
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew_loop, name="fa4cache-dist-lease", daemon=True)
+                self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        # A rank that dies stops renewing; its leases pass to a waiter at their deadline
+        # (at once for a dead process on the waiter's host).
+        while True:
+            time.sleep(self.lease_seconds / 3)
+            with self._lock:
+                held = dict(self._held_value)
+                st = self._store
+            if st is None:
+                continue
+            for digest, old in held.items():
+                new = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                try:
+                    if _text(st.compare_set(lease_key(digest), old, new)) == new:
+                        with self._lock:
+                            if digest in self._held_value:
+                                self._held_value[digest] = new
+                except Exception as e:
+                    log.debug("fa4cache: lease renewal failed: %s", e)
+
+    def served_since_last(self) -> int:
+        """Kernels other ranks fetched from this rank's uploads since the last call."""
+        st = self._connect()
+        if st is None:
+            return 0
+        try:
+            total = int(st.add(served_key(self.source), 0))
+        except Exception:
+            return 0
+        n, self._served_seen = total - self._served_seen, total
+        return max(n, 0)
+
+    def _call_quiet(self, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as e:
+            log.debug("fa4cache: c10d store call failed: %s", e)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class _NoLocks:
+    """For reading the local copy to upload: a corrupt one is a miss here, never quarantined
+    (the store's own load path judges and quarantines)."""
+
+    def try_lock(self, digest: str) -> None:
+        return None
+
+
+class _NoCounters:
+    def add(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+def single_flight_mode(remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None) -> tuple[str, str]:
+    """``doctor``'s line on how one compile per key is kept: (status, words)."""
+    tier = remote_tier or ("torch.distributed" if distributed else None)
+    if tier and "ray_integration" in tier:
+        tier = "Ray cluster"
+    if shared_fs or locks_work is False:
+        where = "shared filesystem" if shared_fs else "filesystem whose flock does not exclude"
+        if tier:
+            return "ok", (
+                f"{where}: publishes stay correct without flock (rename, then a superseded sidecar is "
+                f"withdrawn); single-flight by the {tier} tier's job-wide leases"
+                + (" once the process group exists" if tier == "torch.distributed" else "")
+            )
+        return "warn", (
+            f"{where}: publishes stay correct without flock, but two processes may compile one kernel; "
+            "under torchrun set FA4CACHE_DISTRIBUTED=1 (job-wide leases), or use a node-local FA4CACHE_DIR"
+        )
+    if tier:
+        return "ok", f"node file locks, then the {tier} tier's job-wide leases" + (
+            " (once the default process group exists)" if tier == "torch.distributed" else ""
+        )
+    return "ok", "node file locks (each node compiles its own copy; FA4CACHE_DISTRIBUTED=1 under torchrun)"

@@ -1,0 +1,162 @@
+"""Issue 38: compile once per torchrun job. Real ``torchrun`` jobs (gloo, CPU); "nodes" are
+groups of ranks with their own store directories. The fake compiler where the orchestration
+is the point, and one real cross-compiled FA4 forward+backward (tests/helpers/dist_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+
+
+def torchrun(tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str) -> list[dict[str, Any]]:
+    """Run ``tests.helpers.dist_worker`` under torchrun; the ranks' RESULT lines, by rank."""
+    full = dict(os.environ, PYTHONPATH=str(ROOT), FA4CACHE_COMPILE_AHEAD="0", OMP_NUM_THREADS="1", **env)
+    full.pop("FA4CACHE_DIR", None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "tests.helpers.dist_worker", "--scenario", scenario, "--base", str(tmp_path), *args,
+    ]  # fmt: skip
+    p = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    files = [tmp_path / f"result-{r}.json" for r in range(nproc)]
+    assert p.returncode == 0 and all(f.exists() for f in files), out[-6000:]
+    return [json.loads(f.read_text()) for f in files]
+
+
+def test_cold_job_compiles_each_kernel_once_and_a_late_node_none(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    offset, keys = rng.randrange(1000), 4
+    print(f"seed {SEED}: keys {offset}..{offset + keys - 1}")
+    ranks = torchrun(tmp_path, 4, "cold", "--per-node", "2", "--keys", str(keys), "--offset", str(offset))
+    # 4 ranks on 2 nodes asked at once: each kernel compiled once in the whole job.
+    assert sum(r["cold"]["compiles"] for r in ranks) == keys, ranks
+    assert sum(r["cold"]["remote_hits"] for r in ranks) >= keys  # the other node fetched them
+    last = ranks[-1]
+    assert last["late"]["compiles"] == 0 and last["late"]["remote_hits"] == keys  # a new node, empty store
+    assert last["restart"]["compiles"] == 0  # a restart on a node's own store
+    # A damaged copy in the job's store: never loaded, compiled locally, one warning.
+    assert last["corrupt"]["compiles"] == 1 and last["corrupt"]["remote_hits"] == 1, last
+    assert any("does not match its key or checksum" in w for w in last["warnings"]), last["warnings"]
+    assert not any("unreachable" in w for r in ranks for w in r["warnings"])
+
+
+def test_killed_compiler_costs_one_compile_and_nothing_hangs(tmp_path: Path) -> None:
+    # The lease holder (a helper on node 0) is SIGKILLed 1.5 s into a 60 s compile; node 1 waits
+    # on the lease, takes it over from the dead process and compiles (lease 3 s: a holder on
+    # another host would lose it at its deadline).
+    ranks = torchrun(tmp_path, 2, "kill", "--seconds", "0.3", FA4CACHE_CLUSTER_LEASE="3")
+    waiter = ranks[1]
+    assert waiter["kill"]["compiles"] == 1 and waiter["handovers"] == 1, waiter
+    assert waiter["waited"] < 10, waiter
+    assert ranks[0]["kill"]["compiles"] == 0
+
+
+def test_torn_down_store_or_group_means_local_compiles(tmp_path: Path) -> None:
+    ranks = torchrun(tmp_path, 2, "torn", "--seconds", "0.3", FA4CACHE_CLUSTER_TIMEOUT="3")
+    torn = ranks[0]["torn"]
+    assert torn.get("compiles") == 3, torn  # one before the store died, two after: all local
+    assert torn["seconds"] < 5, torn  # no hang: one failed call, then no store calls
+    down = [w for w in torn["warnings"] if "c10d store is unreachable" in w]
+    assert len(down) == 1, torn["warnings"]
+    for r in ranks:  # after destroy_process_group: the tier is off, misses compile here
+        assert r["destroyed"] == {"compiles": 1, "remote": False}, r
+
+
+def test_split_kernel_set_across_four_nodes(tmp_path: Path) -> None:
+    rng = random.Random(SEED + 1)
+    offset, keys, nodes = rng.randrange(1000), 8, 4
+    print(f"seed {SEED}: keys {offset}..{offset + keys - 1}")
+    ranks = torchrun(tmp_path, nodes, "split", "--keys", str(keys), "--offset", str(offset), "--seconds", "0.4")
+    splits = [r["split"] for r in ranks]
+    assert sum(s["compiles"] for s in splits) == keys, splits  # each kernel once, job-wide
+    assert all(s["compiles"] + s["remote_hits"] == keys for s in splits), splits
+    # Work stealing: about ceil(K / nodes) each (a rank that starts late may claim fewer).
+    assert max(s["claimed"] for s in splits) <= math.ceil(keys / nodes) + 2, splits
+    assert sum(s["claimed"] > 0 for s in splits) >= 3, splits
+
+
+@pytest.mark.compile
+def test_real_fa4_forward_backward_compiles_once_per_job(tmp_path: Path) -> None:
+    ranks = torchrun(tmp_path, 2, "real", timeout=300)
+    first, second = (r["real"] for r in ranks)
+    assert first["compiles"] + second["compiles"] == 4, ranks  # fwd, bwd_preprocess, bwd, postprocess
+    assert min(first["compiles"], second["compiles"]) == 0, ranks
+    fetched = first if first["remote_hits"] else second
+    assert fetched["remote_hits"] == 4 and fetched["fetch_seconds"] < 4 * 0.15, ranks
+
+
+# -- in one process, no job --------------------------------------------------------------
+
+
+def test_without_a_process_group_nothing_changes(tmp_path: Path) -> None:
+    from fa4cache.adapters.distributed.tier import DistributedTier
+
+    from fa4cache.store.paths import EntryRef
+    from fa4cache.store.store import Store
+
+    assert Store.at(tmp_path / "a").remote is None  # off by default
+    store = Store.at(tmp_path / "b", distributed=True)
+    assert isinstance(store.remote, DistributedTier)
+    ref = EntryRef("fa4e000000000000cafe", "fwd", "0" * 64)
+    assert store.remote.get(ref) is None and store.remote.acquire(ref.digest, 5) is False
+    assert not store.remote.active()
+    assert Store.at(tmp_path / "c", distributed=True, remote_tier="os:getcwd").remote is None  # named tier wins
+
+
+def test_manifest_and_copy_checks() -> None:
+    from fa4cache.adapters.distributed.tier import manifest, parse_manifest
+
+    from fa4cache.hashing import key_digest
+    from fa4cache.store.paths import EntryRef
+    from fa4cache.store.sidecar import Sidecar
+    from fa4cache.store.tiers import verify_copy
+
+    assert parse_manifest(manifest(2, 10, "rank0@h:1", b"{}")) == (2, 10, "rank0@h:1", b"{}")
+    for junk in (b"", b"FA4D1 x 1 s\n{}", b"FA4D0 1 1 s\n{}", b"FA4D1 0 1 s\n", b"FA4D1 1 -5 s\n"):
+        assert parse_manifest(junk) is None, junk
+    tc, key = "fa4e000000000000cafe", "('fwd', 128)"
+    ref = EntryRef(tc, "fwd", key_digest(tc, "fwd", key))
+    data = b"kernel" * 100
+    side = Sidecar.for_data(ref, data, created=1.0, key=key).to_bytes()
+    assert verify_copy(ref, side, data, tier="distributed") is not None
+    assert verify_copy(ref, side, data[:-1] + b"X", tier="distributed") is None  # checksum
+    other = EntryRef(tc, "fwd", key_digest(tc, "fwd", "('fwd', 64)"))
+    forged = Sidecar.for_data(other, data, created=1.0, key=key).to_bytes()
+    assert verify_copy(other, forged, data, tier="distributed") is None  # key text of another key
+    nokey = Sidecar.for_data(ref, data, created=1.0).to_bytes()
+    assert verify_copy(ref, nokey, data, tier="distributed") is None
+
+
+def test_the_tier_issues_no_collectives() -> None:
+    # A kernel miss runs inside one rank's forward: a collective there can deadlock the job.
+    src = (ROOT / "adapters" / "distributed" / "tier.py").read_text() + (
+        ROOT / "adapters" / "distributed" / "split.py"
+    ).read_text()
+    for op in ("barrier(", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "send(", "recv(", "monitored_barrier"):
+        assert op not in src, op
+
+
+def test_doctor_says_which_single_flight_mode(tmp_path: Path) -> None:
+    from fa4cache.adapters.distributed.tier import single_flight_mode
+
+    from tests.conftest import run_cli
+
+    p = run_cli(tmp_path, "doctor", env={"FA4CACHE_DISTRIBUTED": "1"})
+    line = [x for x in p.stdout.splitlines() if "single-flight" in x]
+    assert line and "torch.distributed tier's job-wide leases" in line[0], p.stdout
+    assert single_flight_mode(None, False, True, None)[0] == "warn"  # NFS, no job tier: two may compile
+    status, words = single_flight_mode(None, True, True, False)
+    assert status == "ok" and "without flock" in words and "leases" in words
