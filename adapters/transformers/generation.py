@@ -83,7 +83,7 @@ def kv_cache_attention(
     if compiling():  # one opaque node to the compiler
         return kv_cache.op()(*args)
     # Eager: the op's body itself (the dispatcher's round trip is host time in every layer).
-    return kv_cache.forward(*args)
+    return kv_cache.forward(*args, share=True)
 
 
 def varlen_kv_attention(

@@ -107,13 +107,22 @@ def _shareable() -> bool:
 
 
 def sequences(
-    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
+    attention_mask: Any,
+    position_ids: Any,
+    batch: int,
+    heads_kv: int,
+    keys: int,
+    *,
+    check: bool = True,
+    share: bool = False,
 ) -> tuple[Any, Any]:
     """:func:`_sequences`, computed once per decode step and kind of layer in eager mode: the
     layers after the first reuse it while the mask (or ``position_ids``) is the same tensor,
-    unchanged (its storage, layout and version, and alive: a weak reference)."""
+    unchanged (its storage, layout and version, and alive: a weak reference). ``share``: the
+    caller is eager code (the adapter's direct call), never the custom op, whose body runs
+    inside torch.compile's CUDA-graph trees (their warm-up runs in the graphs' pool)."""
     src = attention_mask if attention_mask is not None else position_ids
-    if src is None or not _shareable():
+    if not share or src is None or not _shareable():
         return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
     import weakref
 
@@ -139,12 +148,13 @@ def forward(
     softmax_scale: float,
     softcap: float,
     check_mask: bool = True,
+    share: bool = False,
 ) -> Any:
     """``[B, Tq, Hq, Dv]`` for ``query [B, Hq, Tq, D]`` and the cache ``key``/``value``
     ``[B, Hkv, Tk, D]``; ``window``: keys before the query's position (transformers'
     ``sliding_window - 1``), None for none; ``softcap`` 0 for none; ``check_mask``: check
     that the mask is one run per row (once per step is enough: every layer gets the same
-    rows)."""
+    rows); ``share``: eager callers only (:func:`sequences`)."""
     B, Hq, Tq, D = query.shape
     Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     g = Hq // Hkv
@@ -152,7 +162,7 @@ def forward(
     q = query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(n, Tq, g, D)
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
-    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask)
+    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask, share=share)
     # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
