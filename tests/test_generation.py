@@ -620,3 +620,47 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
         cache = _cache("dynamic", cfg, 16)
         model(input_ids=ids, attention_mask=mask[:, :-1], **{CACHE: cache})
         model(input_ids=follow[:, :1], attention_mask=mask, **{CACHE: cache})
+
+
+def test_paged_decode_with_a_block_table_writes_the_new_keys_and_runs_on_fa4(fa4: Any) -> None:
+    # transformers 5.2x's paged decode (as for flash_attn_with_kvcache): the cache has not
+    # stored the step's token; block_table, k_cache/v_cache [pages, page, Hkv, D] and
+    # cu_seq_lens_k (the new token included) come in kwargs. The call writes the token into
+    # its page and attends over each sequence's pages, as plain causal attention.
+    from types import SimpleNamespace
+
+    from fa4cache.adapters import transformers as fht
+
+    rng = random.Random(SEED + 12)
+    hkv, g, D, page, n = 2, 2, 8, 4, 3
+    lens = [rng.randint(1, 9) for _ in range(n)]  # keys already cached
+    pages = 16
+    kc, vc = torch.zeros(pages, page, hkv, D), torch.zeros(pages, page, hkv, D)
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(SEED)).tolist()
+    table = torch.zeros(n, 4, dtype=torch.int32)
+    hist_k, hist_v = [], []
+    for i, L in enumerate(lens):
+        for c in range(4):
+            table[i, c] = order.pop()
+        k_i, v_i = torch.randn(L, hkv, D), torch.randn(L, hkv, D)
+        for t in range(L):
+            kc[table[i, t // page], t % page], vc[table[i, t // page], t % page] = k_i[t], v_i[t]
+        hist_k.append(k_i)
+        hist_v.append(v_i)
+    q = torch.randn(1, hkv * g, n, D)
+    k, v = torch.randn(1, hkv, n, D), torch.randn(1, hkv, n, D)
+    cu_k = torch.tensor([0, *itertools.accumulate(x + 1 for x in lens)], dtype=torch.int32)
+    cu_q = torch.arange(n + 1, dtype=torch.int32)
+    out, _ = fht.attention_forward(
+        SimpleNamespace(layer_idx=0, is_causal=True), q, k, v, None, scaling=D**-0.5,
+        cu_seq_lens_q=cu_q, cu_seq_lens_k={"full_attention": cu_k}, max_length_q=1, max_length_k=1,
+        block_table=table, k_cache=kc, v_cache=vc,
+    )  # fmt: skip
+    assert out.shape == (1, n, hkv * g, D)
+    for i, L in enumerate(lens):
+        assert torch.equal(kc[table[i, L // page], L % page], k[0, :, i])  # the kernel's write
+        kk = torch.cat([hist_k[i], k[0, :, i][None]]).repeat_interleave(g, 1)
+        vv = torch.cat([hist_v[i], v[0, :, i][None]]).repeat_interleave(g, 1)
+        p = torch.softmax(torch.einsum("hd,khd->hk", q[0, :, i], kk) * D**-0.5, -1)
+        torch.testing.assert_close(out[0, i], torch.einsum("hk,khd->hd", p, vv), atol=1e-5, rtol=1e-5)
+    assert all(kw.get("page_table") is not None for kw in fa4) and len(fa4) == 1
