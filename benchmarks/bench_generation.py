@@ -1,34 +1,38 @@
-"""Decoding through transformers' ``generate`` on one GPU: ``attn_implementation="fa4cache"``
-(KV-cache steps on FA4) against "sdpa" and transformers' own "flash_attention_4" (with
-``register()``'s fix), and ``generate_batch`` (continuous batching, paged cache) for
-"fa4cache" against its "sdpa" run.
+"""Decoding through transformers on one GPU, like with like: ``attn_implementation="fa4cache"``
+against "sdpa" on the same path (and transformers' own "flash_attention_4" on eager
+``generate`` where it runs), in steady state.
 
-Model: Qwen3-4B's shape (hidden 2560, 32 query / 8 KV heads of 128, MLP 9728, vocab
-151936) with random bf16 weights and ``--layers`` layers (default 6 of its 36, to keep the
-run within ``--budget``, 130 s plus ~20 s of imports; per-layer attention work is the same, the title says how many).
-Prompts: ``--prompts`` (32 and 64) of 128-512 random tokens, left padded; ``--new`` (512)
-new tokens each, greedy, no early stop.
+Paths: eager ``generate`` (dynamic cache, transformers' default), ``generate`` with a static
+cache and transformers' own compile (CUDA graphs), and ``generate_batch`` (continuous
+batching). Models, random bf16 weights: ``llama-d64`` (Llama, GQA 16/4, head dim 64, 8
+layers), ``llama-d128`` (GQA 32/8, head dim 128, 8 layers), ``qwen3-4b`` (Qwen3-4B's shape,
+``--qwen-layers`` of its 36 layers). Grid: batch B ∈ {1, 8, 32, 64}, prompt ∈ {128, 2048}
+(left padded by up to an eighth), 256 new tokens.
 
-* generate: decode tokens/s = prompts x (new - 1) / (time of generate(new) - time of
-  generate(1)): the prefill is taken out.
-* generate_batch: tokens/s over its whole run (prefill included: continuous batching
-  interleaves it), after a short warm-up run (which also sizes the run to the budget).
-* Compiles: FA4 kernels compiled during each timed run (``fa4cache.stats()`` counters),
-  after a warm-up generate (or generate_batch) of 8 (16) tokens at the first prompt count:
-  0 is the target.
+Like with like:
 
-Runs go in order of importance (32 prompts first), each timed run within an equal share of
-what is left of ``--budget`` seconds after its warm-up: ``generate`` stops at that share
-(``max_time``), ``generate_batch`` runs as many new tokens as a short run says fit; the
-table's ``new`` column says what each run reached (raise ``--budget`` for 512 everywhere). A failing implementation is a row with its error; the others still run. The
-table (markdown + json) is rewritten after every run, so a run cut short keeps what it
-measured.
+* every implementation is warmed by ``--warm`` (2) full untimed runs of the same job
+  before any timed run (sdpa's first calls were seen 10x slower than its steady state);
+* the same number of new tokens for each: ``min_new_tokens == max_new_tokens``, no eos;
+* ``--repeats`` (3) timed runs per implementation, in alternating order (ABAB..., then
+  BABA..), the median reported;
+* a per-step profile beside the table: host ms per decode step (the time for the Python
+  of one step to return, before the GPU is waited on) and wall ms per step, eager path;
+* FA4 compiles during the timed runs (``fa4cache.stats()``; target 0) and torch.compile
+  frames compiled then;
+* teacher-forced logits against sdpa's own full forward, beside sdpa's own incremental
+  error (its noise), per model.
 
-    python benchmarks/bench_generation.py [--layers 6] [--prompts 32 64] [--new 512] [--budget 130]
+Jobs run in priority order (``--jobs``, default: the issue's key shapes first) within
+``--budget`` seconds; a job that would start past it is a row saying so. Each finished row
+is written at once (markdown + json), so a run cut short keeps what it measured; SIGTERM
+(``timeout``) writes the table and exits 124.
+
+    python benchmarks/bench_generation.py [--budget 180] [--jobs generate:llama-d64:32:2048 ...]
 
 Writes generation_h200.{md,json} under $FA4CACHE_RESULTS (or $OUT/results, or
-benchmarks/results). ``--device cpu --shape tiny`` runs the same code paths on the CPU
-(tests/integration/test_bench_generation.py, with the FA4 stand-in).
+benchmarks/results). ``--device cpu --shape tiny`` runs the same code on the CPU
+(tests/test_bench_generation.py, with the FA4 stand-in).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ import copy
 import gc
 import io
 import os
-import random
 import signal
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -48,34 +52,192 @@ from typing import Any
 from common import save, table
 
 ANCHOR = "sdpa"
-WARM_NEW = 8  # generate's warm-up tokens
-PROBE_NEW = 16  # generate_batch's warm-up (and sizing) tokens
+PATHS = ("generate", "static_compiled", "generate_batch")
+# The issue's key shapes first: eager generate where fa4cache was 0.55x, then the compiled
+# path at a long prompt, then generate_batch, then the rest of the grid.
+PRIORITY = [
+    "generate:llama-d64:32:2048",
+    "generate:llama-d64:32:128",
+    "static_compiled:llama-d64:32:2048",
+    "generate_batch:llama-d64:32:128",
+    "generate:qwen3-4b:32:2048",
+    "generate:llama-d64:1:128",
+    "generate:llama-d64:64:2048",
+    "generate:llama-d128:32:2048",
+    "static_compiled:llama-d64:32:128",
+    "generate:llama-d64:8:2048",
+]
+GRID_B = (1, 8, 32, 64)
+GRID_PROMPT = (128, 2048)
 
 
 class Stop(Exception):
     """SIGTERM (``timeout`` in gpu_run.sh): stop measuring, write what was measured."""
 
 
-def _config(shape: str, layers: int) -> Any:
-    from transformers import Qwen3Config
+def config(shape: str, qwen_layers: int) -> Any:
+    from transformers import LlamaConfig, Qwen3Config
 
     if shape == "tiny":  # the CPU check of the code paths
-        dims = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
-        dims |= {"num_key_value_heads": 2, "head_dim": 16}
-    else:
-        dims = {
-            "vocab_size": 151936,
-            "hidden_size": 2560,
-            "intermediate_size": 9728,
-            "num_attention_heads": 32,
-        }
-        dims |= {"num_key_value_heads": 8, "head_dim": 128}
-    return Qwen3Config(
-        **dims, num_hidden_layers=layers, max_position_embeddings=40960, tie_word_embeddings=True
-    )
+        return LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+        )  # fmt: skip
+    if shape == "llama-d64":
+        return LlamaConfig(
+            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=8192,
+        )  # fmt: skip
+    if shape == "llama-d128":
+        return LlamaConfig(
+            vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        )  # fmt: skip
+    if shape == "qwen3-4b":
+        return Qwen3Config(
+            vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=qwen_layers,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+            tie_word_embeddings=True,
+        )  # fmt: skip
+    raise ValueError(f"unknown shape {shape!r}")
 
 
-def _compiles(store: Any) -> int:
+def parse_job(spec: str) -> tuple[str, str, int, int]:
+    path, shape, b, p = spec.split(":")
+    if path not in PATHS:
+        raise ValueError(f"job {spec!r}: path must be one of {PATHS}")
+    return path, shape, int(b), int(p)
+
+
+def all_jobs(first: list[str], shapes: list[str]) -> list[tuple[str, str, int, int]]:
+    """``first`` in order, then the rest of the grid (each path, shape, B, prompt once)."""
+    jobs = [parse_job(s) for s in first]
+    for path in PATHS:
+        for shape in shapes:
+            for p in GRID_PROMPT:
+                for b in GRID_B:
+                    if (path, shape, b, p) not in jobs:
+                        jobs.append((path, shape, b, p))
+    return jobs
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int, device: str) -> tuple[Any, Any]:
+    """``batch`` random prompts of ``length`` tokens, rows after the first left padded by up to
+    an eighth (so every path sees padding)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    pads = torch.randint(0, max(1, length // 8), (batch,), generator=g)
+    for b in range(1, batch):
+        mask[b, : int(pads[b])] = 0
+    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
+
+
+def cache_kwarg() -> str:
+    """The model's name for its cache argument: ``cache`` from transformers 5.2x (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before (5.17)."""
+    import inspect
+
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return time.perf_counter() - t0, out
+
+
+def gen_kwargs(new: int) -> dict[str, Any]:
+    """Exactly ``new`` tokens, greedy, no early stop."""
+    return {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "eos_token_id": None,
+            "pad_token_id": 0}  # fmt: skip
+
+
+def run_once(path: str, model: Any, ids: Any, mask: Any, new: int) -> tuple[float, int]:
+    """One ``path`` run of ``new`` tokens per prompt: (seconds, tokens generated)."""
+    if path == "generate_batch":
+        from transformers import GenerationConfig
+
+        cfg = GenerationConfig(**{**gen_kwargs(new), "eos_token_id": -1})
+        rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        secs, out = timed(lambda: model.generate_batch(inputs=rows, generation_config=cfg, progress_bar=False))
+        return secs, sum(min(len(r.generated_tokens), new) for r in out.values())
+    kw = {"attention_mask": mask, **gen_kwargs(new)}
+    if path == "static_compiled":
+        kw["cache_implementation"] = "static"
+    secs, out = timed(lambda: model.generate(ids, **kw))
+    return secs, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+
+
+def host_profile(model: Any, ids: Any, mask: Any, steps: int = 6) -> dict[str, float]:
+    """Eager decode steps over a dynamic cache after the prompt: host ms (until the forward
+    returns, the GPU not waited on) and wall ms (GPU done), medians."""
+    import torch
+    from transformers import DynamicCache
+
+    host, wall = [], []
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache})
+        tok = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            pos = mask.sum(-1, keepdim=True) - 1
+            sync()
+            t0 = time.perf_counter()
+            out = model(input_ids=tok, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache})
+            host.append(time.perf_counter() - t0)
+            tok = out.logits[:, -1:].argmax(-1)
+            sync()
+            wall.append(time.perf_counter() - t0)
+    return {"host_ms_per_step": statistics.median(host[1:]) * 1e3, "wall_ms_per_step": statistics.median(wall[1:]) * 1e3}
+
+
+def logits_error(models: dict[str, Any], ids: Any, mask: Any, steps: int = 8) -> dict[str, float]:
+    """Max |logit error| of each implementation's teacher-forced decode (dynamic cache)
+    against sdpa's full forward over the same tokens; sdpa's own incremental error is the
+    noise it is to be compared with."""
+    import torch
+    from transformers import DynamicCache
+
+    follow = torch.randint(1, 100, (ids.shape[0], steps), device=ids.device)
+    full_ids = torch.cat([ids, follow], 1)
+    full_mask = torch.cat([mask, torch.ones_like(follow)], 1)
+    with torch.no_grad():
+        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        want = models[ANCHOR](input_ids=full_ids, attention_mask=full_mask, position_ids=pos).logits[:, -steps:]
+        errs = {}
+        for impl, m in models.items():
+            cache = DynamicCache(config=m.config)
+            am = mask
+            p = (am.cumsum(-1) - 1).clamp(min=0)
+            m(input_ids=ids, attention_mask=am, position_ids=p, **{cache_kwarg(): cache})
+            got = []
+            for t in range(steps):
+                am = torch.cat([am, torch.ones_like(am[:, :1])], 1)
+                p = am.sum(-1, keepdim=True) - 1
+                got.append(m(input_ids=follow[:, t : t + 1], attention_mask=am, position_ids=p,
+                             **{cache_kwarg(): cache}).logits)  # fmt: skip
+            # Step t feeds follow[t]: its logits are the full forward's at that token's position.
+            errs[impl] = float((torch.cat(got, 1).float() - want.float()).abs().max())
+    return errs
+
+
+def compiles(store: Any) -> int:
     from fa4cache.adapters.fa4.patch import fold_all_hits
 
     fold_all_hits()
@@ -83,83 +245,16 @@ def _compiles(store: Any) -> int:
     return int(store.counters.values["compiles"])
 
 
-def _prompts(n: int, vocab: int, seed: int, lo: int, hi: int, device: str) -> tuple[Any, Any]:
-    import torch
+def dynamo_frames() -> int:
+    try:
+        from torch._dynamo.utils import counters
 
-    rng = random.Random(seed)
-    lens = [rng.randint(lo, hi) for _ in range(n)]
-    T = max(lens)
-    ids = torch.randint(1, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
-    mask = torch.zeros(n, T, dtype=torch.long)
-    for b, n_b in enumerate(lens):
-        mask[b, T - n_b :] = 1
-    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed(fn: Any) -> tuple[float, Any]:
-    _sync()
-    t0 = time.perf_counter()
-    out = fn()
-    _sync()
-    return time.perf_counter() - t0, out
-
-
-def _generate_rate(model: Any, ids: Any, mask: Any, new: int, max_time: float) -> dict[str, Any]:
-    kw = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
-    first, _ = _timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw))
-    full, out = _timed(
-        lambda: model.generate(ids, max_new_tokens=new, min_new_tokens=new, max_time=max_time, **kw)
-    )
-    done = int(out.shape[1] - ids.shape[1])
-    return {
-        "new": done,
-        "seconds": full,
-        "prefill_seconds": first,
-        "decode_tokens_per_s": ids.shape[0] * (done - 1) / max(full - first, 1e-9),
-    }
-
-
-def _batch_prompts(ids: Any, mask: Any) -> list[list[int]]:
-    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-
-
-def _generate_batch(model: Any, prompts: list[list[int]], new: int) -> tuple[float, Any]:
-    from transformers import GenerationConfig
-
-    cfg = GenerationConfig(
-        max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=-1
-    )
-    return _timed(lambda: model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False))
-
-
-def _generate_batch_rate(
-    model: Any, prompts: list[list[int]], new: int, seconds_left: float
-) -> dict[str, Any]:
-    """``generate_batch`` of ``new`` tokens, or fewer where a short run says that ``new`` would
-    not fit in ``seconds_left`` (the short run's time per token includes its prefill: an
-    overestimate, so the run ends early rather than late)."""
-    probe, _ = _generate_batch(model, prompts, min(PROBE_NEW, new))
-    fit = int(0.8 * max(seconds_left - probe, 0.0) / probe * min(PROBE_NEW, new))
-    new = min(new, max(PROBE_NEW, fit))
-    seconds, out = _generate_batch(model, prompts, new)
-    done = [len(r.generated_tokens) for r in out.values()]
-    return {
-        "new": new,
-        "seconds": seconds,
-        "probe_seconds": probe,
-        "requests_done": len(done),
-        "decode_tokens_per_s": sum(done) / seconds,
-    }
-
-
-def _error(e: BaseException) -> str:
+def error_text(e: BaseException) -> str:
     import torch
 
     if isinstance(e, torch.OutOfMemoryError):
@@ -169,17 +264,18 @@ def _error(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser()
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--prompts", type=int, nargs="+", default=[32, 64])
-    p.add_argument("--prompt-len", type=int, nargs=2, default=[128, 512], metavar=("MIN", "MAX"))
-    p.add_argument("--new", type=int, default=512)
+    p.add_argument("--budget", type=float, default=180.0, help="seconds for all jobs (imports excluded)")
+    p.add_argument("--jobs", nargs="*", default=PRIORITY, help="PATH:SHAPE:B:PROMPT, first in this order")
+    p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True,
+                   help="after --jobs, the rest of the grid")  # fmt: skip
+    p.add_argument("--shapes", nargs="*", default=["llama-d64", "llama-d128", "qwen3-4b"])
+    p.add_argument("--new", type=int, default=256)
+    p.add_argument("--warm", type=int, default=2, help="untimed full runs per implementation and job")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median)")
     p.add_argument("--impls", nargs="*", default=["fa4cache", "sdpa", "flash_attention_4"])
-    p.add_argument(
-        "--batch-impls", nargs="*", default=["fa4cache", "sdpa"], help="generate_batch runs (paged cache)"
-    )
-    p.add_argument("--budget", type=float, default=130.0, help="seconds for all runs (imports excluded)")
+    p.add_argument("--qwen-layers", type=int, default=4)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--shape", choices=["qwen3-4b", "tiny"], default="qwen3-4b")
+    p.add_argument("--shape", choices=["tiny"], default=None, help="every job on this shape (CPU check)")
     p.add_argument("--name", default="generation_h200", help="results file name")
     a = p.parse_args(argv)
     if "FA4CACHE_RESULTS" not in os.environ and os.environ.get("OUT"):
@@ -193,24 +289,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     fht.register()
     store = fa4cache.install()
-    cfg = _config(a.shape, a.layers)
     t_start = time.perf_counter()
     deadline = t_start + a.budget
-    data: dict[str, Any] = {"args": vars(a), "layers": a.layers, "new_tokens": a.new, "runs": []}
-    plan = [(api, impl, n) for n in a.prompts for api, impls in (("generate", a.impls), ("generate_batch", a.batch_impls)) for impl in impls]  # fmt: skip
+    jobs = all_jobs(a.jobs, a.shapes) if a.grid else [parse_job(s) for s in a.jobs]
+    if a.shape:
+        jobs = list(dict.fromkeys((j[0], a.shape, j[2], j[3]) for j in jobs))
+    data: dict[str, Any] = {"args": vars(a), "rows": [], "logits": {}, "profile": {}}
     models: dict[tuple[str, str], Any] = {}
-    warmed: set[tuple[str, str]] = set()
 
-    def build(api: str, impl: str) -> Any:
-        if (api, impl) not in models:
+    def model(shape: str, impl: str) -> Any:
+        if (shape, impl) not in models:
+            for key in [k for k in models if k[0] != shape]:  # one shape's models at a time
+                del models[key]
+            gc.collect()
             torch.manual_seed(0)  # the same weights for every implementation
-            with torch.device(a.device):  # random init on the GPU: seconds, not a minute on the CPU
+            with torch.device(a.device):
                 m = AutoModelForCausalLM.from_config(
-                    copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
+                    copy.deepcopy(config(shape, a.qwen_layers)), attn_implementation=impl, dtype=torch.bfloat16
                 )
-            models[api, impl] = m.eval()
-            data["parameters"] = sum(x.numel() for x in m.parameters())
-        return models[api, impl]
+            models[shape, impl] = m.eval()
+        return models[shape, impl]
 
     def write(final: bool = False) -> None:
         sink = contextlib.nullcontext() if final else contextlib.redirect_stdout(io.StringIO())
@@ -223,51 +321,85 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     old_term = signal.signal(signal.SIGTERM, on_term)
     stopped = False
     try:
-        for i, (api, impl, n) in enumerate(plan):
-            left = deadline - time.perf_counter()
-            share = left / (len(plan) - i)
-            row: dict[str, Any] = {"api": api, "impl": impl, "prompts": n}
-            if share < 2.0:
-                data["runs"].append({**row, "error": f"skipped: past --budget {a.budget:.0f} s"})
+        for path, shape, B, P in jobs:
+            job = {"path": path, "shape": shape, "batch": B, "prompt": P, "new": a.new}
+            impls = [i for i in a.impls if path == "generate" or i != "flash_attention_4"]
+            if time.perf_counter() > deadline:
+                data["rows"].append({**job, "error": f"skipped: past --budget {a.budget:.0f} s"})
                 continue
-            t_run = time.perf_counter()
+            t_job = time.perf_counter()
+            results: dict[str, dict[str, Any]] = {i: {"times": [], "tokens": None} for i in impls}
             try:
                 with torch.no_grad():
-                    model = build(api, impl)
-                    ids, mask = _prompts(n, cfg.vocab_size, n, *a.prompt_len, a.device)
-                    if (api, impl) not in warmed:  # every kernel of the first prompt count
-                        w_ids, w_mask = _prompts(a.prompts[0], cfg.vocab_size, 0, *a.prompt_len, a.device)
-                        if api == "generate":
-                            kw = {"max_new_tokens": WARM_NEW, "min_new_tokens": WARM_NEW, "pad_token_id": 0}
-                            model.generate(w_ids, attention_mask=w_mask, do_sample=False, **kw)
-                        else:
-                            _generate_batch(model, _batch_prompts(w_ids, w_mask), min(PROBE_NEW, a.new))
-                        warmed.add((api, impl))
-                    before = _compiles(store)
-                    # The share of what the warm-ups (FA4 compiles) left, over the runs to go.
-                    left_here = (deadline - time.perf_counter()) / (len(plan) - i)
-                    if api == "generate":
-                        r = _generate_rate(model, ids, mask, a.new, max(left_here, 1.0))
-                    else:
-                        r = _generate_batch_rate(model, _batch_prompts(ids, mask), a.new, left_here)
-                    row |= r | {"compiles": _compiles(store) - before}
+                    vocab = config(shape, a.qwen_layers).vocab_size
+                    ids, mask = prompts(B, P, vocab, seed=B * 7919 + P, device=a.device)
+                    live = []
+                    for impl in impls:
+                        try:
+                            m = model(shape, impl)
+                            if path == "static_compiled":
+                                torch._dynamo.reset()  # each implementation compiles its own graphs
+                            for _ in range(a.warm):
+                                run_once(path, m, ids, mask, a.new)
+                            live.append(impl)
+                        except Stop:
+                            raise
+                        except Exception as e:  # a row, not the end of the job
+                            results[impl]["error"] = error_text(e)
+                            models.pop((shape, impl), None)
+                    if path == "static_compiled" and len(live) > 1:
+                        # Graphs of the last warmed only would be live: warm again in timing order.
+                        for impl in live[:-1]:
+                            run_once(path, model(shape, impl), ids, mask, a.new)
+                    before = {"fa4": compiles(store), "dynamo": dynamo_frames()}
+                    for r in range(a.repeats):
+                        order = live if r % 2 == 0 else live[::-1]
+                        for impl in order:
+                            if time.perf_counter() > deadline + 30 and results[impl]["times"]:
+                                continue  # past the budget: what was timed stands
+                            secs, tokens = run_once(path, model(shape, impl), ids, mask, a.new)
+                            results[impl]["times"].append(secs)
+                            results[impl]["tokens"] = tokens
+                    job["fa4_compiles_timed"] = compiles(store) - before["fa4"]
+                    job["dynamo_graphs_timed"] = dynamo_frames() - before["dynamo"]
+                    if path == "generate" and (shape, "fa4cache") in models:
+                        pb = min(B, 8)
+                        for impl in live:
+                            data["profile"][f"{shape}:{impl}:{pb}:{P}"] = host_profile(
+                                model(shape, impl), ids[:pb], mask[:pb]
+                            )
+                    if ANCHOR in live and shape not in data["logits"] and len(live) > 1:
+                        lb = min(B, 8)
+                        data["logits"][shape] = logits_error(
+                            {i: model(shape, i) for i in live}, ids[:lb, -min(P, 256):], mask[:lb, -min(P, 256):]
+                        )
             except Stop:
-                data["runs"].append({**row, "error": "stopped: SIGTERM (time limit)"})
+                job["error"] = "stopped: SIGTERM (time limit)"
                 raise
-            except Exception as e:  # a row, not the end of the run: the others still run
-                row["error"] = _error(e)
-                if api == "generate_batch" or "out of memory" in row["error"]:
-                    models.pop((api, impl), None)  # a failed paged run may hold its cache
-            row["wall_seconds"] = time.perf_counter() - t_run
-            data["runs"].append(row)
-            if api == "generate_batch":
-                models.pop((api, impl), None)  # its paged cache is the model's: free it now
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            what = row.get("error") or "{:.0f} tok/s".format(row["decode_tokens_per_s"])
-            print(f"{api} {impl} {n} prompts: {what} ({time.perf_counter() - t_start:.0f} s)", flush=True)
-            write()
+            except Exception as e:
+                job["error"] = error_text(e)
+                if "out of memory" in job["error"]:
+                    models.clear()
+            finally:
+                job["impls"] = {}
+                for impl, r in results.items():
+                    entry: dict[str, Any] = {k: v for k, v in r.items() if k != "times"}
+                    if r["times"]:
+                        med = statistics.median(r["times"])
+                        entry |= {"runs": len(r["times"]), "seconds": med, "tokens_per_s": r["tokens"] / med}
+                    job["impls"][impl] = entry
+                job["wall_seconds"] = time.perf_counter() - t_job
+                data["rows"].append(job)
+                if path == "generate_batch":
+                    for impl in impls:
+                        models.pop((shape, impl), None)  # its paged cache is the model's: free it
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                write()
+                rates = {i: round(e["tokens_per_s"]) for i, e in job["impls"].items() if "tokens_per_s" in e}
+                print(f"{path} {shape} B={B} prompt={P}: {rates or job.get('error')} "
+                      f"({time.perf_counter() - t_start:.0f} s)", flush=True)  # fmt: skip
     except Stop:
         stopped = True
     finally:
@@ -275,63 +407,62 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data["total_seconds"] = time.perf_counter() - t_start
         write(final=True)
     if stopped:
-        # generate_batch's generation thread may still run: leave now, as `timeout` expects.
-        os._exit(124)
+        os._exit(124)  # generate_batch's thread may still run: leave now, as `timeout` expects
     return data
 
 
 def _save(a: Any, data: dict[str, Any]) -> None:
-    """The table from ``data["runs"]`` (ratios over the anchor's run of the same API and
-    prompt count), markdown and json."""
-    runs = data["runs"]
-    anchors = {
-        (r["api"], r["prompts"]): r for r in runs if r["impl"] == ANCHOR and "decode_tokens_per_s" in r
-    }
     rows = []
-    for r in runs:
-        if "error" in r:
-            rows.append([r["api"], r["prompts"], r["impl"], "", "", "", "", "", r["error"]])
+    for r in data["rows"]:
+        head = [r["path"], r["shape"], r["batch"], r["prompt"], r["new"]]
+        if "impls" not in r:
+            rows.append([*head, "", "", "", "", "", r.get("error", "")])
             continue
-        base = anchors.get((r["api"], r["prompts"]))
-        ratio = ""
-        if base is not None:
-            ratio = f"{r['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x"
-            ratio += "" if base["new"] == r["new"] else " (new differs)"
-        rows.append(
-            [r["api"], r["prompts"], r["impl"], r["new"], f"{r['seconds']:.1f}", f"{r['decode_tokens_per_s']:.0f}",
-             ratio, r["compiles"], ""]
-        )  # fmt: skip
-    fa4 = [r["compiles"] for r in runs if r["impl"] == "fa4cache" and "compiles" in r]
-    data["fa4cache_compiles_in_timed_runs"] = sum(fa4) if fa4 else None
-    params = data.get("parameters", 0) / 1e9
-    shape = "Qwen3-4B shape" if a.shape == "qwen3-4b" else "tiny Qwen3 shape (CPU check)"
+        base = r["impls"].get(ANCHOR, {}).get("tokens_per_s")
+        errs = "; ".join(f"{i}: {e['error']}" for i, e in r["impls"].items() if "error" in e)
+        rate = {i: e.get("tokens_per_s") for i, e in r["impls"].items()}
+        ours = rate.get("fa4cache")
+        fa4 = rate.get("flash_attention_4")
+        rows.append([
+            *head,
+            f"{ours:.0f}" if ours else "-",
+            f"{base:.0f}" if base else "-",
+            f"{ours / base:.2f}x" if ours and base else "-",
+            f"{fa4:.0f}" if fa4 else "-",
+            r.get("fa4_compiles_timed", ""),
+            "; ".join(x for x in (errs, r.get("error", "")) if x),
+        ])  # fmt: skip
+    prof = [
+        [k, f"{v['host_ms_per_step']:.2f}", f"{v['wall_ms_per_step']:.2f}"] for k, v in data["profile"].items()
+    ]
+    logit_rows = [
+        [s, *(f"{e.get(i, float('nan')):.3f}" for i in ("fa4cache", ANCHOR, "flash_attention_4"))]
+        for s, e in data["logits"].items()
+    ]
+    timed_compiles = [r.get("fa4_compiles_timed") for r in data["rows"] if "fa4_compiles_timed" in r]
+    data["fa4cache_compiles_in_timed_runs"] = sum(timed_compiles) if timed_compiles else None
     save(
         a.name,
-        f"Decoding through transformers, {shape} with {a.layers} of 36 layers ({params:.2f}B parameters), "
-        f"random bf16 weights, up to {a.new} new tokens, budget {a.budget:.0f} s",
+        f"Decoding through transformers in steady state (random bf16 weights; {a.warm} untimed runs per "
+        f"implementation, then the median of {a.repeats} in alternating order; exactly {a.new} new tokens)",
         [
             (
-                "Decode tokens/s (generate: prefill time taken out; generate_batch: whole run; "
-                f"x: over {ANCHOR} for the same API and prompts; new: tokens each prompt reached "
-                "within the run's share of the budget)",
-                table(
-                    [
-                        "API",
-                        "prompts",
-                        "attn_implementation",
-                        "new",
-                        "seconds",
-                        "decode tok/s",
-                        f"vs {ANCHOR}",
-                        "FA4 compiles",
-                        "error",
-                    ],
-                    rows,
-                ),  # fmt: skip
+                "Tokens/s (whole run, prefill included; ratio over sdpa on the same path)",
+                table(["path", "model", "B", "prompt", "new", "fa4cache tok/s", "sdpa tok/s", "fa4cache / sdpa",
+                       "flash_attention_4 tok/s", "FA4 compiles (timed)", "error"], rows),  # fmt: skip
             ),
             (
-                "FA4 kernels compiled during fa4cache's timed runs, after its warm-up (target 0)",
-                "n/a (no fa4cache run finished)" if not fa4 else str(sum(fa4)),
+                "Per decode step, eager generate (dynamic cache; model:impl:B:prompt): host ms until the "
+                "forward returns, wall ms until the GPU is done",
+                table(["run", "host ms/step", "wall ms/step"], prof) if prof else "n/a",
+            ),
+            (
+                "Teacher-forced logits: max |error| against sdpa's full forward (sdpa's own column is its noise)",
+                table(["model", "fa4cache", "sdpa (noise)", "flash_attention_4"], logit_rows) if logit_rows else "n/a",
+            ),
+            (
+                "FA4 kernels compiled during the timed runs (target 0)",
+                "n/a (no run finished)" if not timed_compiles else str(sum(timed_compiles)),
             ),
         ],
         data,

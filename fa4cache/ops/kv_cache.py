@@ -83,13 +83,58 @@ def _sequences(
     return cu, count[:, None].expand(batch, heads_kv).reshape(-1).contiguous()
 
 
+# The step's (cu_seqlens_k, seqused_k), shared by the layers of one decode step: key ->
+# (weak reference to the mask or position_ids it was computed from, checked, value). Every layer of a
+# step gets the same mask tensor (transformers builds it once per forward), so only the first
+# layer of each kind pays for it.
+_step: dict[tuple[Any, ...], tuple[Any, bool, tuple[Any, Any]]] = {}
+
+
+def _tensor_key(t: Any) -> tuple[Any, ...]:
+    return (t.data_ptr(), t.device, tuple(t.shape), tuple(t.stride()), t.dtype, t._version)
+
+
+def _shareable() -> bool:
+    """Whether a step's lengths may be kept for the next layer: not while torch.compile traces
+    (fake tensors), nor while a CUDA graph captures (a value kept between calls would stay
+    alive in a CUDA-graph tree's memory pool without being one of the graph's outputs, which
+    torch.compile's cudagraphs refuse; and a hand-captured graph must compute its own)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def sequences(
-    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
+    attention_mask: Any,
+    position_ids: Any,
+    batch: int,
+    heads_kv: int,
+    keys: int,
+    *,
+    check: bool = True,
+    share: bool = False,
 ) -> tuple[Any, Any]:
-    """:func:`_sequences` for one layer. Not shared across layers: a value kept between calls
-    would stay alive in a CUDA-graph tree's memory pool without being one of the graph's
-    outputs, which torch.compile's cudagraphs refuse (seen on the H200)."""
-    return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
+    """:func:`_sequences`, computed once per decode step and kind of layer in eager mode: the
+    layers after the first reuse it while the mask (or ``position_ids``) is the same tensor,
+    unchanged (its storage, layout and version, and alive: a weak reference). ``share``: the
+    caller is eager code (the adapter's direct call), never the custom op, whose body runs
+    inside torch.compile's CUDA-graph trees (their warm-up runs in the graphs' pool)."""
+    src = attention_mask if attention_mask is not None else position_ids
+    if not share or src is None or not _shareable():
+        return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
+    import weakref
+
+    key = (_tensor_key(src), attention_mask is None, batch, heads_kv, keys)
+    hit = _step.get(key)
+    if hit is not None and hit[0]() is src and (hit[1] or not check):
+        return hit[2]
+    value = _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
+    if len(_step) > 8:  # a step has one or two kinds of layer (full and sliding)
+        _step.clear()
+    _step[key] = (weakref.ref(src), check, value)
+    return value
 
 
 def forward(
@@ -103,12 +148,13 @@ def forward(
     softmax_scale: float,
     softcap: float,
     check_mask: bool = True,
+    share: bool = False,
 ) -> Any:
     """``[B, Tq, Hq, Dv]`` for ``query [B, Hq, Tq, D]`` and the cache ``key``/``value``
     ``[B, Hkv, Tk, D]``; ``window``: keys before the query's position (transformers'
     ``sliding_window - 1``), None for none; ``softcap`` 0 for none; ``check_mask``: check
     that the mask is one run per row (once per step is enough: every layer gets the same
-    rows)."""
+    rows); ``share``: eager callers only (:func:`sequences`)."""
     B, Hq, Tq, D = query.shape
     Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     g = Hq // Hkv
@@ -116,7 +162,7 @@ def forward(
     q = query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(n, Tq, g, D)
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
-    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask)
+    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask, share=share)
     # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
@@ -162,6 +208,49 @@ def varlen_forward(
         out=q.new_zeros(q.shape[0], Hq, Dv),
     )  # fmt: skip
     return out.view(1, -1, Hq, Dv)
+
+
+def paged_forward(
+    query: Any,
+    key: Any,
+    value: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_table: Any,
+    cu_seqlens_k: Any,
+    causal: bool,
+    window: int | None,
+    softmax_scale: float,
+    softcap: float,
+) -> Any:
+    """A paged decode step as transformers 5.2x calls ``flash_attn_with_kvcache``: ``query``
+    ``[1, Hq, N, D]`` and the new ``key``/``value`` ``[1, Hkv, N, D]`` (one token for each of
+    N sequences), the pages ``k_cache``/``v_cache`` ``[pages, page_size, Hkv, D]``,
+    ``block_table [N, max_pages]`` and ``cu_seqlens_k`` (each sequence's keys, the new one
+    included). The new token is written at its position in its page (rows of length 0, the
+    padding of a CUDA-graph batch, write back what their slot holds), then one FA4 call
+    attends over the pages (FA4's ``page_table``); returns ``[1, N, Hq, Dv]``."""
+    import torch
+
+    N, Hq, Dv = query.shape[2], query.shape[1], value.shape[-1]
+    page = k_cache.shape[1]
+    table = block_table[:N]
+    lengths = (cu_seqlens_k[1 : N + 1] - cu_seqlens_k[:N]).to(torch.int32)
+    pos = (lengths.long() - 1).clamp(min=0)
+    slot = table.long().gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
+    valid = (lengths > 0)[:, None, None]
+    for cache, new in ((k_cache, key), (v_cache, value)):
+        flat = cache.view(-1, *cache.shape[2:])
+        tokens = new[0].transpose(0, 1)  # [N, Hkv, D]
+        flat.index_put_((slot,), torch.where(valid, tokens.to(flat.dtype), flat[slot]))
+    q = query[0].transpose(0, 1).unsqueeze(1)  # [N, 1, Hq, D]
+    out = query.new_empty(N, 1, Hq, Dv)
+    _fa4_forward(
+        q, k_cache, v_cache, page_table=table if table.is_contiguous() else table.contiguous(),
+        seqused_k=lengths, max_seqlen_q=1, softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+        window_size_left=window, window_size_right=0 if window is not None else None, out=out,
+    )  # fmt: skip
+    return out.view(1, N, Hq, Dv)
 
 
 _OPS: list[Any] = []

@@ -34,35 +34,62 @@ def bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     return bench_generation
 
 
-TINY = ["--device", "cpu", "--shape", "tiny", "--layers", "1", "--prompt-len", "4", "9", "--name", "gen"]
+TINY = ["--device", "cpu", "--shape", "tiny", "--name", "gen", "--no-grid", "--warm", "2", "--repeats", "3"]
 
 
-def test_every_run_is_a_row_and_a_failing_implementation_does_not_stop_the_others(
-    bench: Any, tmp_path: Any
+def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does_not_stop_the_others(
+    bench: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # flash_attention_4 cannot load on the CPU: its rows say why, every other run measures.
-    # (generate_batch's sdpa run is left out: on the CPU it takes seconds per call.)
-    argv = [*TINY, "--prompts", "2", "3", "--new", "6", "--budget", "300", "--batch-impls", "fa4cache"]
+    # flash_attention_4 cannot load on the CPU: its entry says why, the others measure.
+    # Every implementation: 2 untimed then 3 timed runs of exactly --new tokens, alternating.
+    calls: list[tuple[str, int]] = []
+    real = bench.run_once
+
+    def spy(path: str, model: Any, ids: Any, mask: Any, new: int) -> Any:
+        secs, tokens = real(path, model, ids, mask, new)
+        calls.append((model.config._attn_implementation, tokens))
+        return secs, tokens
+
+    monkeypatch.setattr(bench, "run_once", spy)
+    argv = [*TINY, "--new", "5", "--budget", "600", "--jobs", "generate:x:2:12", "generate:x:3:8"]
     data = bench.main(argv)
-    runs = {(r["api"], r["impl"], r["prompts"]): r for r in data["runs"]}
-    assert len(runs) == len(data["runs"]) == 8
-    for (api, impl, n), r in runs.items():
-        if impl == "flash_attention_4":
-            assert r["error"] and "skipped" not in r["error"], r
-            continue
+    assert [(r["path"], r["batch"], r["prompt"]) for r in data["rows"]] == [("generate", 2, 12), ("generate", 3, 8)]
+    for r in data["rows"]:
         assert "error" not in r, r
-        assert r["new"] == 6 and r["decode_tokens_per_s"] > 0 and r["compiles"] >= 0, r
-        if api == "generate_batch":
-            assert r["requests_done"] == n, r
+        assert r["impls"]["flash_attention_4"]["error"], r
+        for impl in ("fa4cache", "sdpa"):
+            e = r["impls"][impl]
+            assert e["runs"] == 3 and e["tokens"] == r["batch"] * 5 and e["tokens_per_s"] > 0, e
+        assert r["fa4_compiles_timed"] >= 0
+    # Per job: warm-ups (fa4cache, sdpa: 2 each), then timed ABAB order reversed every round.
+    first = [impl for impl, _ in calls[:7]]
+    assert first == ["fa4cache", "fa4cache", "sdpa", "sdpa", "fa4cache", "sdpa", "sdpa"], first
+    assert {t for _, t in calls[:7]} == {10}
+    err = data["logits"]["tiny"]
+    assert err["fa4cache"] <= 4 * err["sdpa"] + 0.05, err  # bf16: within sdpa's own noise
+    assert any(k.startswith("tiny:fa4cache") for k in data["profile"])
     saved = json.loads((tmp_path / "results" / "gen.json").read_text())
-    assert saved["runs"] == json.loads(json.dumps(data["runs"], default=str))
+    assert len(saved["rows"]) == 2
     md = (tmp_path / "results" / "gen.md").read_text()
-    assert "1 of 36 layers" in md and "| generate_batch | 3 " in md and "| 1.00x" in md  # sdpa over itself
-    assert data["fa4cache_compiles_in_timed_runs"] is not None
+    assert "| generate | tiny  | 2 | 12     | 5   |" in md and "host ms/step" in md
 
 
-def test_past_the_budget_runs_are_skipped_and_the_table_is_still_written(bench: Any, tmp_path: Any) -> None:
-    data = bench.main([*TINY, "--prompts", "2", "--new", "4", "--budget", "1", "--batch-impls"])
-    assert [r["error"] for r in data["runs"]] == ["skipped: past --budget 1 s"] * 3
+def test_generate_batch_and_the_static_path_run_and_the_budget_cuts_the_rest(bench: Any, tmp_path: Any) -> None:
+    # generate_batch (sdpa left out: seconds per call on the CPU); the static path with
+    # transformers' compile is not run on the CPU (inductor), only its rows' budget skip.
+    argv = [*TINY, "--new", "4", "--budget", "600", "--impls", "fa4cache", "--warm", "1", "--repeats", "1",
+            "--jobs", "generate_batch:x:2:6"]  # fmt: skip
+    data = bench.main(argv)
+    (r,) = data["rows"]
+    assert r["impls"]["fa4cache"]["tokens"] == 8, r
+    data = bench.main([*TINY, "--budget", "0", "--jobs", "static_compiled:x:2:6", "generate:x:1:4"])
+    assert [r["error"] for r in data["rows"]] == ["skipped: past --budget 0 s"] * 2
     md = (tmp_path / "results" / "gen.md").read_text()
-    assert md.count("skipped: past --budget") == 3 and "no fa4cache run finished" in md
+    assert md.count("skipped: past --budget") == 2 and "no run finished" in md
+
+
+def test_the_job_list_puts_the_priorities_first_then_the_grid(bench: Any) -> None:
+    jobs = bench.all_jobs(bench.PRIORITY, ["llama-d64", "qwen3-4b"])
+    assert jobs[: len(bench.PRIORITY)] == [bench.parse_job(s) for s in bench.PRIORITY]
+    assert len(jobs) == len(set(jobs)) == len(bench.PATHS) * 2 * 4 * 2 + 1  # + llama-d128, off the shapes
+    assert ("generate", "qwen3-4b", 64, 128) in jobs

@@ -1,0 +1,184 @@
+"""``attention_forward``: transformers' attention signature for ``"fa4cache"``, dispatching a
+layer's call to the packed path (training, prefill), a KV-cache step, continuous batching
+or the PyTorch fallback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fa4cache
+from fa4cache.errors import quiet_library_warnings
+from fa4cache.ops import packed_attention, step_mask
+
+from . import generation
+from .common import compiling, first_kwarg, host_int, per_layer_type, warn_once
+from .fallback import fallback
+
+# Keyword arguments after which a step with fewer queries than keys is plain decoding over
+# a dynamic or static cache (the fast path below): none of the packed, paged or user-mask ones.
+_NOT_PLAIN = ("fa4cache_mask", "cu_seq_lens_q", "cu_seqlens_q", "block_table", "read_index", "cache")
+
+
+def attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers' attention signature: ``query`` ``[B, Hq, Tq, D]``, ``key``/``value``
+    ``[B, Hkv, Tk, D]``; returns ``([B, Tq, Hq, D], None)``."""
+    args = (module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal)
+    try:
+        if compiling():  # traced: no context manager around the op (it would break the graph)
+            return _attention_forward(*args, **kwargs)
+        with quiet_library_warnings():  # CUTLASS's aux_data note on a compile: not the user's
+            return _attention_forward(*args, **kwargs)
+    except AssertionError as e:
+        # FA4 asserts its inputs are CUDA tensors; the bare assertion names neither the
+        # tensors nor the fix. (Checked after the fact, as fa4cache.attention does: tests run
+        # a CPU model of FA4.)
+        if query.device.type != "cuda":
+            raise ValueError(
+                f"fa4cache attention: FA4's kernels need CUDA tensors; the model's query, key and value "
+                f"are on {query.device} (move the model to a GPU: model.to('cuda'), or load it with "
+                "device_map='cuda')"
+            ) from e
+        raise
+
+
+
+def _decode_step(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    is_causal: bool | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """A plain KV-cache step (``generate``'s decode, or a prefill into a static cache) on FA4,
+    or None where it is not one (the general path decides). Checked first and cheaply: it
+    runs in every layer of every decode step, where host time is the step's time."""
+    if query.shape[2] == key.shape[2] or dropout:
+        return None
+    for name in _NOT_PLAIN:
+        if kwargs.get(name) is not None:
+            return None
+    if generation.kv_cache_fallback(query, attention_mask, kwargs, dropout) is not None:
+        return None
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return generation.kv_cache_attention(
+        query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
+        generation.first_of_its_kind(module),
+    )  # fmt: skip
+
+
+def _attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    is_causal: bool | None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    out = _decode_step(
+        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs
+    )
+    if out is not None:
+        return out, None
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    user_mask = kwargs.get("fa4cache_mask")
+    if user_mask is not None:
+        # Between compiled graphs (a mask object cannot be an op input; fa4cache.attention
+        # is compiler-disabled).
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return fa4cache.attention(q, k, v, user_mask, softmax_scale=scaling), None
+    if all(kwargs.get(n) is not None for n in ("block_table", "k_cache", "v_cache")):
+        # transformers 5.2x's paged decode: the kernel call writes the new keys.
+        out = generation.block_table_attention(query, key, value, kwargs, causal, sliding_window, scaling, softcap)
+        return out, None
+    cu = first_kwarg(kwargs, "cu_seq_lens_q", "cu_seqlens_q")
+    if cu is not None:
+        kind, source = "cu_seqlens", cu
+    elif attention_mask is not None and attention_mask.dim() == 2:
+        kind, source = "padding", attention_mask
+    elif kwargs.get("position_ids") is not None:
+        kind, source = "position_ids", kwargs["position_ids"]
+    else:
+        kind, source = None, None
+    cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
+    paged = generation.paged_cache_update(module, key, value, kwargs)
+    if paged is not None:
+        key, value = paged
+    # Continuous batching: the step's new tokens against each sequence's whole keys.
+    cb = cu is not None and cu_k is not None and cu_k is not cu
+    if cb and (paged is not None or query.shape[2] != key.shape[2]) and attention_mask is None and not dropout:
+        out = generation.varlen_kv_attention(
+            query, key, value, cu, cu_k, kwargs, causal, sliding_window, scaling, softcap
+        )
+        return out, None
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    window = sliding_window - 1 if sliding_window is not None and sliding_window < q.shape[1] else None
+    why = None
+    if q.shape[1] != k.shape[1]:
+        why = generation.kv_cache_fallback(query, attention_mask, kwargs, dropout)
+        if why is None:
+            return generation.kv_cache_attention(
+                query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
+                generation.first_of_its_kind(module),
+            ), None  # fmt: skip
+    elif dropout:
+        why = "attention dropout"
+    elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
+        why = "a 4-D attention mask"
+    elif source is None:
+        raise ValueError(
+            "fa4cache attention: no position_ids, cu_seq_lens_q or attention mask to find documents in"
+        )
+    if why is not None:
+        warn_once(
+            why,
+            f"fa4cache: {why} runs through PyTorch (FA4 path: packed and padded training/prefill, "
+            "and KV-cache steps with a 2-D left-padding mask or position_ids)",
+        )
+        allowed = None
+        if (
+            q.shape[1] == k.shape[1]
+            and source is not None
+            and (attention_mask is None or attention_mask.dim() == 2)
+        ):
+            # Training or prefill: the fallback keeps the step's documents (and padding) apart
+            # as the FA4 path does, with the same mask.
+            allowed = step_mask.step_mask(
+                batch=q.shape[0], seqlen=q.shape[1], causal=causal, window=window,
+                **{kind: source},  # the kinds are step_mask's argument names
+            ).dense()[:, None]  # fmt: skip
+        return fallback(
+            q, k, v, attention_mask, scaling, sliding_window, causal, softcap, dropout, allowed
+        ), None
+    # Under torch.compile a host int here would be a guard that recompiles per packing:
+    # it is not read at all then (FA4 bounds by the total, without a sync).
+    max_seqlen = None
+    if not compiling():
+        max_seqlen = host_int(first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    out, _ = packed_attention.op()(
+        q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
+    )
+    return out, None

@@ -1,0 +1,43 @@
+"""Names shared by the adapter's modules."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+# One logger for the whole adapter (what tests and users filter on).
+log = logging.getLogger("fa4cache.adapters.transformers")
+
+NAME = "fa4cache"
+warned: set[str] = set()
+
+
+def warn_once(tag: str, message: str) -> None:
+    if tag not in warned:
+        warned.add(tag)
+        log.warning(message)
+
+
+def first_kwarg(kwargs: dict[str, Any], *names: str) -> Any:
+    for n in names:
+        if kwargs.get(n) is not None:
+            return kwargs[n]
+    return None
+
+
+def host_int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def per_layer_type(value: Any, sliding_window: int | None) -> Any:
+    """Continuous batching's per-layer-type value (``cu_seq_lens_k``, ``max_seqlen_k``: a dict
+    by layer type when a model mixes full and sliding layers) for this layer."""
+    if isinstance(value, dict):
+        return value["sliding_attention" if sliding_window else "full_attention"]
+    return value
+
+
+def compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()

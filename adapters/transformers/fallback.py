@@ -1,0 +1,55 @@
+"""What the FA4 path does not cover, in PyTorch (one warning names the reason)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fallback(
+    q: Any,
+    k: Any,
+    v: Any,
+    attention_mask: Any,
+    scale: float | None,
+    sliding_window: int | None,
+    causal: bool,
+    softcap: float | None,
+    dropout: float,
+    allowed: Any = None,
+) -> Any:
+    """What the FA4 path does not cover, in PyTorch: ``allowed`` (``[B, 1, Tq, Tk]``
+    booleans: the step's document mask) where given, else a mask from ``attention_mask``
+    or causal (bottom-right for a cache) with the window. SDPA where it computes the same;
+    softcapping and attention dropout are applied by hand, as transformers' eager path does."""
+    import torch
+
+    B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
+    if allowed is None and attention_mask is not None and attention_mask.dim() == 4:
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    elif allowed is None:
+        i = torch.arange(Tq, device=q.device).view(Tq, 1) + (Tk - Tq)
+        j = torch.arange(Tk, device=q.device).view(1, Tk)
+        allowed = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
+        if sliding_window is not None:
+            allowed = allowed & (j > i - sliding_window)
+        allowed = allowed.view(1, 1, Tq, Tk)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, -Tk:].bool().view(B, 1, 1, Tk)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if not softcap and not dropout:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=allowed, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
+        )
+        return out.transpose(1, 2)
+    group = q.shape[2] // k.shape[2]
+    kt, vt = (t.repeat_interleave(group, dim=1) for t in (kt, vt))
+    scores = torch.matmul(qt, kt.transpose(2, 3)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout:
+        probs = torch.nn.functional.dropout(probs, p=dropout)
+    return torch.matmul(probs, vt).transpose(1, 2)
+

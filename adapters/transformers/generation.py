@@ -1,0 +1,156 @@
+"""KV-cache steps (``generate``: dynamic, static and sliding caches) and continuous batching
+(``generate_batch``: paged caches, transformers 5.17's ``cache``/``read_index``/``write_index``
+and 5.2x's ``block_table``/``k_cache``/``v_cache``) on FA4 (:mod:`fa4cache.ops.kv_cache`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fa4cache.ops import kv_cache
+
+from .common import NAME, compiling, first_kwarg, host_int, per_layer_type
+
+
+def paged_cache_update(module: Any, key: Any, value: Any, kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """transformers before 5.2x (5.17 on the H200 image) hands a paged implementation only the
+    step's new keys, with the paged cache as ``cache`` and its ``read_index``/``write_index``:
+    the implementation writes them into the cache and reads back each sequence's keys, as
+    transformers' own ``paged_attention_forward`` does (newer versions do it in the model's
+    attention layer, and pass no ``cache``). Returns ``(key, value)`` ``[1, Hkv, Tk, D]``
+    (views of the ``[Tk, Hkv, D]`` the cache returns), or None where there is nothing to do."""
+    cache = kwargs.get("cache")
+    if cache is None or kwargs.get("read_index") is None or kwargs.get("write_index") is None:
+        return None
+    k, v = cache.update(
+        key_states=key,
+        value_states=value,
+        layer_idx=module.layer_idx,
+        read_index=kwargs["read_index"],
+        write_index=kwargs["write_index"],
+    )
+    return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+
+
+def kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], dropout: float) -> str | None:
+    """Why a step with a KV cache cannot run on FA4 (None: it can)."""
+    import torch
+
+    pos = kwargs.get("position_ids")
+    if dropout:
+        return "attention dropout"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return "decoding with a KV cache and a 4-D attention mask"
+    if attention_mask is None and (pos is None or pos.dim() != 2):
+        return "decoding with a KV cache without a 2-D attention mask or position_ids"
+    if torch.is_grad_enabled() and query.requires_grad:
+        return "gradients through a KV-cache step"
+    return None
+
+
+def first_of_its_kind(module: Any) -> bool:
+    """Whether ``module`` is the first layer of its type (full, sliding): the step's mask is
+    checked there, once per step and kind, not in every layer (each check is several kernel
+    launches, a decode step's main cost at small sizes)."""
+    idx = getattr(module, "layer_idx", None)
+    if not isinstance(idx, int):
+        return True
+    types = getattr(getattr(module, "config", None), "layer_types", None)
+    if not isinstance(types, (list, tuple)) or idx >= len(types):
+        return idx == 0
+    return types.index(types[idx]) == idx
+
+
+def kv_cache_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+    check_mask: bool = True,
+) -> Any:
+    """A step over a KV cache on FA4 (:mod:`.kv_cache`). The window is passed whenever the
+    layer has one, even while the cache is shorter: the kernel then stays the same as the
+    cache grows past it."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    pos = kwargs.get("position_ids") if attention_mask is None else None
+    args = (query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check_mask)
+    if compiling():  # one opaque node to the compiler
+        return kv_cache.op()(*args)
+    # Eager: the op's body itself (the dispatcher's round trip is host time in every layer).
+    return kv_cache.forward(*args, share=True)
+
+
+def varlen_kv_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    cu_q: Any,
+    cu_k: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """Continuous batching's step (queries and keys of each sequence from ``cu_seq_lens_q``
+    and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`.kv_cache.varlen_forward`)."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    max_q = host_int(first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
+    max_k = host_int(per_layer_type(first_kwarg(kwargs, "max_length_k", "max_seqlen_k"), sliding_window))
+    args = (query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0))
+    return kv_cache.varlen_op()(*args) if compiling() else kv_cache.varlen_forward(*args)
+
+
+def block_table_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    kwargs: dict[str, Any],
+    causal: bool,
+    sliding_window: int | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Any:
+    """transformers 5.2x's paged decode step (``block_table``, ``k_cache``/``v_cache`` in
+    kwargs, as it calls ``flash_attn_with_kvcache``): the step's one new token per sequence
+    is written into its page by this call (the cache has not stored it), then FA4 attends
+    over the pages (:func:`.kv_cache.paged_forward`)."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
+    return kv_cache.paged_forward(
+        query, key, value, kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], cu_k,
+        causal, window, scale, float(softcap or 0.0),
+    )  # fmt: skip
+
+
+def allow_continuous_batching() -> None:
+    """Let ``generate_batch`` / ``ContinuousBatchingManager`` keep ``"fa4cache"`` (or
+    ``"paged|fa4cache"``, which transformers reads as ``"fa4cache"``): transformers accepts
+    only its own implementations there. It then builds no attention mask, and each step
+    runs as one FA4 varlen call over the keys it gathers from its paged cache."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+    except ImportError:
+        return
+    fn = ContinuousBatchingManager.switch_to_cb_friendly_attn
+    if getattr(fn, "__fa4cache__", False):
+        return
+
+    @functools.wraps(fn)
+    def switch_to_cb_friendly_attn(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        if model.config._attn_implementation in (NAME, f"paged|{NAME}"):
+            return None
+        return fn(self, model, *args, **kwargs)
+
+    switch_to_cb_friendly_attn.__fa4cache__ = True  # type: ignore[attr-defined]
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn  # type: ignore[method-assign]
+
+
