@@ -89,7 +89,7 @@ class Trainer:
     def _cpu_step(self, seed: int) -> dict[str, Any]:
         # --cpu-smoke: the same plumbing with a cross-compiled forward kernel (no GPU numbers).
         import ray
-        from fa4cache.adapters.compile.warm import compile_spec
+        from fa4cache.adapters.compile.warm_specs import compile_spec
 
         from fa4cache.aot.spec import KernelSpec
         from fa4cache.store.runtime import installed_store

@@ -105,7 +105,7 @@ def worker(args: argparse.Namespace) -> None:
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t_start}
     if args.warm_quack:  # what `fa4cache warm --hf-config ... --with-quack --tokens B*S` compiles
-        from fa4cache.adapters.compile.warm_jit import quack_calls, warm_jit
+        from fa4cache.adapters.compile.warm_jit_calls import quack_calls, warm_jit
 
         t0 = time.perf_counter()
         rs = warm_jit(quack_calls(args.hidden, args.vocab, ["bf16"], [args.batch * args.seqlen]))

@@ -49,8 +49,12 @@ def imports(name: str) -> set[str]:
             out |= subs or ({mod} & set(mods))
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names} & set(mods)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in mods:
-            out.add(node.value)  # a lazy face's table, or a module run with -m: an edge too
+        elif isinstance(node, (ast.Dict, ast.List, ast.Tuple)):
+            # A lazy face's table of modules, or ``[python, "-m", module]``: an edge too (a
+            # logger named after a module is not).
+            for v in node.values if isinstance(node, ast.Dict) else node.elts:
+                if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in mods:
+                    out.add(v.value)
     return out - {name}
 
 

@@ -18,20 +18,20 @@ import typing as _typing
 
 # name -> the module that defines it (full names: the structure report follows them).
 _FACE = {
-    "warm": "fa4cache.adapters.compile.warm",
-    "set_cross_compile_env": "fa4cache.adapters.compile.warm",
-    "WarmResult": "fa4cache.adapters.compile.warm",
+    "warm": "fa4cache.adapters.compile.warm_specs",
+    "set_cross_compile_env": "fa4cache.adapters.compile.warm_specs",
+    "WarmResult": "fa4cache.adapters.compile.warm_specs",
     "warm_parallel": "fa4cache.adapters.compile.parallel",
     "default_jobs": "fa4cache.adapters.compile.task",
-    "warm_jit": "fa4cache.adapters.compile.warm_jit",
-    "quack_calls": "fa4cache.adapters.compile.warm_jit",
+    "warm_jit": "fa4cache.adapters.compile.warm_jit_calls",
+    "quack_calls": "fa4cache.adapters.compile.warm_jit_calls",
     "warm_generation": "fa4cache.adapters.compile.generation",
     "warm_generation_items": "fa4cache.adapters.compile.generation",
     "generation_items": "fa4cache.adapters.compile.generation",
     "check_item": "fa4cache.adapters.compile.generation",
     "GENERATION_KEY": "fa4cache.adapters.compile.generation",
     "start_model_set": "fa4cache.adapters.compile.ahead",
-    "rebuild": "fa4cache.adapters.compile.rebuild",
+    "rebuild": "fa4cache.adapters.compile.rebuild_check",
 }
 
 __all__ = sorted(_FACE)

@@ -47,7 +47,7 @@ def _shapes(cfg: dict[str, Any]) -> tuple[int, int, int, list[int | None], float
 
 def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap: float, dtype: Any) -> None:
     import torch
-    from fa4cache.adapters.compile.warm import _absorb_fake_data_ptr_warning
+    from fa4cache.adapters.compile.warm_specs import _absorb_fake_data_ptr_warning
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fa4cache.ops import kv_cache

@@ -41,7 +41,7 @@ class SpecJob:
     spec: dict[str, Any]  # KernelSpec.to_dict(): picklable without fa4cache's classes changing
 
     def run(self) -> None:
-        from fa4cache.adapters.compile.warm import compile_spec
+        from fa4cache.adapters.compile.warm_specs import compile_spec
 
         compile_spec(KernelSpec.from_dict(self.spec))
 

@@ -417,7 +417,7 @@ def test_another_jobs_actor_is_never_a_holder(cluster: Any, tmp_path: Path) -> N
 
 
 def _compile_real_fwd() -> dict[str, Any]:
-    from fa4cache.adapters.compile.warm import compile_spec
+    from fa4cache.adapters.compile.warm_specs import compile_spec
 
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.store.runtime import installed_store

@@ -65,7 +65,7 @@ def _probe() -> dict[str, Any]:
 
 
 def _compile_fwd() -> dict[str, Any]:
-    from fa4cache.adapters.compile.warm import compile_spec
+    from fa4cache.adapters.compile.warm_specs import compile_spec
 
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.store.runtime import installed_store

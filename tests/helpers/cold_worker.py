@@ -43,7 +43,7 @@ def main() -> None:
 
     import torch
     from fa4cache.adapters.compile import server as compile_server
-    from fa4cache.adapters.compile.warm import fake_varlen_call
+    from fa4cache.adapters.compile.warm_specs import fake_varlen_call
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fa4cache

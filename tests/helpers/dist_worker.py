@@ -251,7 +251,7 @@ def real_step(store: Any) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
-    from fa4cache.adapters.compile.warm import fake_varlen_call
+    from fa4cache.adapters.compile.warm_specs import fake_varlen_call
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fa4cache

@@ -80,14 +80,14 @@ def main() -> None:
 
         cute.compile = slow_compile
     if a.action == "compile":
-        from fa4cache.adapters.compile.warm import compile_spec
+        from fa4cache.adapters.compile.warm_specs import compile_spec
 
         if a.marker:
             open(a.marker, "w").close()
         compile_spec(KernelSpec(mask=a.mask, seqlen=a.seqlen, backward=not a.no_backward))
     elif a.action == "attention":  # random packings through fa4cache.attention's varlen path
         import torch
-        from fa4cache.adapters.compile.warm import fake_varlen_call
+        from fa4cache.adapters.compile.warm_specs import fake_varlen_call
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from fa4cache.masks import make_document_mask
@@ -114,7 +114,7 @@ def main() -> None:
                 fake_varlen_call(mask, q, kv, kv, backward=not a.no_backward)
     else:  # geometries: random document layouts, one FA4 forward+backward each
         import torch
-        from fa4cache.adapters.compile.warm import _fake_mask
+        from fa4cache.adapters.compile.warm_specs import _fake_mask
         from flash_attn.cute import interface as fi
         from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -73,7 +73,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from fa4cache.masks.blocksparse import block_sparse_tensors
 from fa4cache.masks import make_document_mask
-from fa4cache.adapters.compile.warm import fake_copy
+from fa4cache.adapters.compile.warm_specs import fake_copy
 from flash_attn.cute import interface as fi
 import dataclasses
 m = make_document_mask(torch.tensor([0, 700, 1000]), block_sparse=False)

@@ -399,7 +399,7 @@ def test_a_clone_folder_next_to_the_script_does_not_shadow_the_editable_install(
     parent = tmp_path / "work"
     parent.mkdir()
     (parent / "fa4cache").symlink_to(ROOT)  # the clone, under the package's name
-    code = "import fa4cache, fa4cache.adapters.compile.warm; print(fa4cache.install.__name__)"
+    code = "import fa4cache, fa4cache.adapters.compile.warm_specs; print(fa4cache.install.__name__)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     fixed = subprocess.run([py, str(ROOT / "scripts" / "link_checkout.py")], capture_output=True, text=True)
     assert fixed.returncode == 0, fixed.stderr
@@ -445,7 +445,7 @@ def test_a_kernel_compiled_but_not_saved_is_a_failed_item() -> None:
     """warm -j 1 counts what the store did: a publish error (a full disk) fails the spec."""
     from types import SimpleNamespace
 
-    from fa4cache.adapters.compile.warm import counted
+    from fa4cache.adapters.compile.warm_specs import counted
 
     values = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "compile_seconds": 0.0, "publish_errors": 0}
     store = SimpleNamespace(counts=lambda: dict(values))  # what warm reads of a Store

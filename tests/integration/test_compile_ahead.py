@@ -216,7 +216,7 @@ _SERVER_WARM = """
 import json, sys
 from fa4cache.adapters.compile import server as compile_server
 from fa4cache.adapters.compile import parallel
-from fa4cache.adapters.compile.warm import set_cross_compile_env
+from fa4cache.adapters.compile.warm_specs import set_cross_compile_env
 from fa4cache.aot.spec import KernelSpec
 
 compile_server.can_fork = lambda: False  # what a GPU host answers: this process may not fork

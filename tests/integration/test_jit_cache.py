@@ -79,7 +79,7 @@ def quack_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 WARM_QUACK = """
 import json, os
-from fa4cache.adapters.compile.warm_jit import quack_calls, warm_jit
+from fa4cache.adapters.compile.warm_jit_calls import quack_calls, warm_jit
 from tests.helpers.jit_worker import HIDDEN, VOCAB, T_HINT
 rs = warm_jit(quack_calls(HIDDEN, VOCAB, ["bf16"], [T_HINT - 5]), os.environ["FA4CACHE_DIR"])
 print(json.dumps([[r.call.label(), r.compiles, r.present, r.error] for r in rs]))
@@ -160,7 +160,7 @@ def test_routed_quack_wrapper_defers_to_quack_while_routing_is_off(monkeypatch: 
 
 def test_quack_token_buckets_match_quack() -> None:
     pytest.importorskip("quack")
-    from fa4cache.adapters.compile.warm_jit import bucket_tokens
+    from fa4cache.adapters.compile.warm_jit_calls import bucket_tokens
     from quack.rmsnorm import _bucket_T_hint
 
     rng = random.Random(int(os.environ["FA4CACHE_FUZZ_SEED"]))

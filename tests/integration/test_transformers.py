@@ -294,7 +294,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fa4cache
 from fa4cache.ops import packed_attention, step_mask
 from fa4cache.adapters import transformers as fht
-from fa4cache.adapters.compile.warm import fake_copy
+from fa4cache.adapters.compile.warm_specs import fake_copy
 
 SOFTCAP = float(os.environ.get("FA4CACHE_TEST_SOFTCAP", "0")) or None
 fht.register(max_documents=16)

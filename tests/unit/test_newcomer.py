@@ -155,7 +155,7 @@ def test_package_face_lists_no_typing_helpers_and_resolves_adapters() -> None:
     names = dir(fa4cache)
     assert not {"Any", "TYPE_CHECKING", "annotations"} & set(names)
     assert {"adapters", "install", "make_document_mask", "attention", "__version__"} <= set(names)
-    assert fa4cache.adapters.compile.warm.__name__ == "fa4cache.adapters.compile.warm"
+    assert fa4cache.adapters.compile.warm_specs.__name__ == "fa4cache.adapters.compile.warm_specs"
     assert "transformers" in dir(fa4cache.adapters)
     with pytest.raises(AttributeError, match="nope"):
         fa4cache.adapters.nope  # noqa: B018

@@ -304,3 +304,16 @@ def test_one_arch_answer_for_the_cli_warm_tiles_and_the_fingerprint(
         warm_env = arch_mod.cross_compile_env(f"sm_{arch}")
         assert arch_mod.parse_arch(warm_env["FLASH_ATTENTION_ARCH"]) == arch
         assert warm_env["FLASH_ATTENTION_NUM_SMS"] == str(sms)
+
+
+def test_the_compile_face_gives_its_functions_after_their_modules_load() -> None:
+    # A face name equal to a submodule's name would turn into that module once the
+    # submodule is imported (the import system binds it on the package).
+    import types
+
+    import fa4cache.adapters.compile as face
+
+    for name in face.__all__:
+        importlib.import_module(face._FACE[name])
+        assert not isinstance(getattr(face, name), types.ModuleType), name
+        assert name not in {m.rsplit(".", 1)[1] for m in face._FACE.values()}, name

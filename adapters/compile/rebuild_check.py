@@ -63,7 +63,7 @@ def _compile_into(scratch: Path, spec_json: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FA4CACHE_")}
     env.update(FA4CACHE_DIR=str(scratch), FA4CACHE_COMPILE_AHEAD="0")
     p = subprocess.run(
-        [sys.executable, "-m", "fa4cache.adapters.compile.rebuild", spec_json],
+        [sys.executable, "-m", "fa4cache.adapters.compile.rebuild_check", spec_json],
         env=env,
         capture_output=True,
         text=True,
@@ -113,7 +113,7 @@ def _compare(store: Store, fresh: Store, refs: list[EntryRef], rep: RebuildRepor
 
 def _main(argv: list[str]) -> int:
     """In the rebuild process: compile one spec into FA4CACHE_DIR."""
-    from fa4cache.adapters.compile.warm import compile_spec
+    from fa4cache.adapters.compile.warm_specs import compile_spec
     from fa4cache.adapters.fa4.patch import install
 
     from fa4cache.aot.spec import KernelSpec
