@@ -33,7 +33,7 @@ from typing import Any
 from fa4cache.adapters.compile import kernel_set
 from fa4cache.adapters.compile import server as compile_server
 from fa4cache.adapters.compile.kernel_set import CallJob, Kernel
-from fa4cache.adapters.compile.task import CompileTask, cpu_count, default_jobs
+from fa4cache.adapters.compile.task import KERNELS_PER_SPEC, CompileTask, cpu_count, default_jobs
 from fa4cache.adapters.fa4 import compile_cache, events
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
 
@@ -315,13 +315,25 @@ def _get_server(*, configure: bool = True) -> compile_server.CompileServer | Non
 
 
 def start_server_at_install() -> None:
-    """On a GPU host, start the compile server now: it imports FA4 while this process goes
-    on with its own imports and setup, so that a cold first step never waits for it.
-    CPU-only processes start it at a miss."""
+    """On a GPU host with an empty store, start the compile server now: it imports FA4 while
+    this process goes on with its own imports and setup, so that a cold first step never
+    waits for it. A store that already holds kernels (a restart, a warmed or bundle-fed
+    node) starts none here: a server costs a process
+    with torch and FA4 imported (about 0.8 GB) beside each rank, and the first miss, if one
+    comes, starts it then. CPU-only processes start it at a miss too."""
     from fa4cache.arch import cuda_devices_visible
 
-    if _server is None and enabled() and cuda_devices_visible():
+    if _server is None and enabled() and cuda_devices_visible() and not _store_is_warm():
         _get_server(configure=False)
+
+
+def _store_is_warm() -> bool:
+    # Any kernel at all: the job's toolchain id is not asked for here, since computing it
+    # before FA4 is imported and patched would fix an id the compiles then disagree with. A
+    # store holding only another toolchain's kernels (FA4 upgraded) starts its server at
+    # the first miss instead: that step waits for the server's import once.
+    store = runtime.installed_store()
+    return store is not None and next(iter(store.entries()), None) is not None
 
 
 def _after_forward(*, compiled: bool) -> None:
@@ -361,6 +373,11 @@ def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
         if sig in _model_sets:
             return []
         _model_sets.add(sig)
+    if set_is_stored(specs):
+        # Nothing to compile ahead: no server (a process with torch and FA4 imported) beside
+        # this one; a miss, if one comes, starts it then.
+        log.info("fa4cache: the kernel set of %s is stored; no compile server started", "; ".join(s.label() for s in specs))
+        return []
     server = _get_server()
     if server is None:
         return []
@@ -375,6 +392,28 @@ def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
         n,
     )
     return [server]
+
+
+def set_is_stored(specs: list[Any]) -> bool:
+    """Whether the store holds every kernel of ``specs`` as warm compiled them: entries whose
+    sidecars record the spec, as many as the spec has kernels. Judged without FA4 (which
+    would have to trace the set to name its keys); a set warmed under an older toolchain
+    counts too, and its first step then compiles what it lacks, as any miss does."""
+    import json
+
+    store = runtime.installed_store()
+    if store is None or not specs:
+        return False
+    want = {json.dumps(s.to_dict(), sort_keys=True): KERNELS_PER_SPEC[s.backward] for s in specs}
+    have: dict[str, int] = {}
+    for e in store.entries():
+        side = store.read_sidecar(e.ref)
+        spec = side.spec if side is not None else None
+        if isinstance(spec, dict):
+            key = json.dumps(spec, sort_keys=True)
+            if key in want:
+                have[key] = have.get(key, 0) + 1
+    return all(have.get(k, 0) >= n for k, n in want.items())
 
 
 def specs_of_config(config: Any) -> list[Any]:

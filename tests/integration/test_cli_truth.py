@@ -372,9 +372,21 @@ def test_the_kernel_set_compiled_at_model_build_does_not_delay_exit(tmp_path: Pa
     """Building a model starts its kernel set compiling in the background; a process that
     then ends does not wait for it (it waited ~10 s, a compile, before)."""
     pytest.importorskip("transformers")
+    from fa4cache.adapters.compile.ahead import specs_of_config
+    from fa4cache.adapters.compile.task import KERNELS_PER_SPEC
+    from transformers import LlamaConfig
+
+    from fa4cache.store.store import Store
+
     p, exit_s = _model_process(tmp_path, "build", FA4CACHE_COMPILE_AHEAD="1")
     assert "compiling the kernel set of" in p.stderr, p.stderr
-    assert exit_s < 6, f"the exit took {exit_s:.1f} s"
+    # Judged by what was stored when the process had ended, not by a clock (a loaded CI
+    # machine stretches both): had the exit waited, the whole set would be there.
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
+                      intermediate_size=64, vocab_size=64)  # fmt: skip
+    kernels = sum(KERNELS_PER_SPEC[s.backward] for s in specs_of_config(cfg))
+    stored = len(list(Store.at(tmp_path / "cache").entries()))
+    assert kernels >= 2 and stored < kernels, f"{stored} of {kernels} kernels stored at exit ({exit_s:.1f} s)"
 
 
 # ------------------------------------------------------------------ 10, 13: installing

@@ -69,6 +69,13 @@ def test_forward_only_process_leaves_the_backward_in_the_store(tmp_path: Path) -
     assert st["compiles"] == st["entries"]
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def test_no_worker_outlives_its_parent_killed_with_sigkill(tmp_path: Path) -> None:
     proc = cold(tmp_path / "cache", "hang")
     pids: list[int] = []
@@ -79,9 +86,14 @@ def test_no_worker_outlives_its_parent_killed_with_sigkill(tmp_path: Path) -> No
                 pids = json.loads(line[len("WORKERS ") :])
                 break
         assert len(pids) >= 2, proc.stderr.read() if proc.stderr else ""  # the server and its workers
-        # The server and at least one worker are still at work when the parent dies (a
-        # short kernel's worker may already have finished on a slow machine).
-        assert alive(pids[0]) and any(alive(p) for p in pids[1:]), pids
+        server = pids[0]
+        # Kill the parent while a worker is at work: a short kernel's worker may already
+        # have finished, so take the tree as it is at that moment.
+        deadline = time.monotonic() + 30
+        while not (live := [c for c in _children(server) if alive(c)]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert alive(server) and live, "no compile worker at work to kill"
+        pids = [server, *live]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 3
@@ -286,3 +298,44 @@ def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_pa
     step = finish(cold(alone, "step", "--seqlen", str(T), ahead=False))
     assert step["counters"]["compiles"] == 4
     assert _entries(early) == _entries(alone)
+    # A rank that finds its kernels stored starts no server beside it, at install or later.
+    warm = finish(cold(early, "step", "--seqlen", str(T), "--gpu-host"))
+    assert not warm["server_at_install"] and warm["worker_pids"] == [], warm
+    assert warm["counters"]["compiles"] == 0 and warm["counters"]["disk_hits"] == 4
+
+
+def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose kernel set warm has stored starts no server at model load (a server is
+    a process with torch and FA4 imported beside each rank); a set one kernel short does."""
+    from fa4cache.adapters.compile import ahead
+    from fa4cache.adapters.compile.task import KERNELS_PER_SPEC
+
+    from fa4cache.aot.spec import KernelSpec
+    from fa4cache.store import runtime
+    from fa4cache.store.runtime import record_spec
+    from fa4cache.store.store import Store
+    from tests.helpers.fake_compiler import TOOLCHAIN, FakeFA4
+
+    monkeypatch.setenv("FA4CACHE_COMPILE_AHEAD", "1")
+    assert ahead.enabled()
+    rng = random.Random(SEED)
+    specs = [KernelSpec(mask=rng.choice(["causal", "document"]), head_dim=d) for d in rng.sample([64, 96, 128], 2)]
+    print(f"seed {SEED}: {[s.label() for s in specs]}")
+    store = Store.at(tmp_path / "c")
+    runtime.register(store, lambda: TOOLCHAIN)
+    try:
+        key = 0
+        for i, spec in enumerate(specs):
+            n = KERNELS_PER_SPEC[spec.backward] - (1 if i == len(specs) - 1 else 0)  # the last one short
+            with record_spec(spec.to_dict()):
+                for _ in range(n):
+                    key += 1
+                    FakeFA4(store).call(key, 0)
+        assert ahead.set_is_stored(specs[:-1])
+        assert not ahead.set_is_stored(specs)  # one kernel short: compile ahead
+        with record_spec(specs[-1].to_dict()):
+            FakeFA4(store).call(key + 1, 0)
+        assert ahead.set_is_stored(specs)
+        assert ahead.start_model_set(specs) == [] and ahead._server is None
+    finally:
+        runtime.unregister()
