@@ -86,6 +86,11 @@ class Store:
         )
         self.remote: RemoteTier | None = self._remote_tier()
         self.tiers: tuple[Tier, ...] = self._build_tiers()
+        if self.remote is not None:
+            import atexit
+
+            # Registered after the counters' own exit flush, so it runs before it.
+            atexit.register(self._fold_served)
 
     @classmethod
     def at(cls, cache_dir: str | os.PathLike[str], **options: Any) -> Store:
@@ -135,7 +140,17 @@ class Store:
         return dict(self.counters.values)
 
     def flush_counters(self, *, throttle: float = 0.0) -> None:
+        if not throttle:
+            self._fold_served()
         self.counters.flush(throttle=throttle)
+
+    def _fold_served(self) -> None:
+        # Kernels other nodes fetched from this one's uploads (a tier that serves through
+        # the job's own store counts them there, not in a server of ours).
+        if self.remote is not None:
+            n = self.remote.served_since_last()
+            if n:
+                self.counters.add("served", n)
 
     def fresh_counters(self) -> None:
         """Start counting anew in this process (a forked worker: its parent counts its own)."""

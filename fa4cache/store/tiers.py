@@ -113,6 +113,11 @@ class RemoteTier(Tier, Protocol):
         """This node now holds a verified copy of ``ref`` it can serve to the others."""
         ...
 
+    def served_since_last(self) -> int:
+        """Copies other nodes fetched from this process since the last call (0 where the
+        tier's own servers count what they serve)."""
+        ...
+
 
 def read_entry(
     layout: Layout,

@@ -94,8 +94,9 @@ def test_real_fa4_forward_backward_compiles_once_per_job(tmp_path: Path) -> None
     first, second = (r["real"] for r in ranks)
     assert first["compiles"] + second["compiles"] == 4, ranks  # fwd, bwd_preprocess, bwd, postprocess
     assert min(first["compiles"], second["compiles"]) == 0, ranks
-    fetched = first if first["remote_hits"] else second
+    fetched, compiled = (first, second) if first["remote_hits"] else (second, first)
     assert fetched["remote_hits"] == 4 and fetched["fetch_seconds"] < 4 * 0.15, ranks
+    assert compiled["served"] == 4 and fetched["served"] == 0, ranks  # in `fa4cache stats`' served
 
 
 # -- in one process, no job --------------------------------------------------------------

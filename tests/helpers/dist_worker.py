@@ -269,9 +269,11 @@ def real_step(store: Any) -> dict[str, Any]:
     with FakeTensorMode():
         q, k, v = (torch.empty(1, T, H, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
         fake_varlen_call(mask, q, k, v, backward=True)
-    st.counters.flush()
-    return {"seconds": time.monotonic() - t0, "fetch_seconds": st.counters.values["remote_seconds"],
-            **_counts(st)}  # fmt: skip
+    seconds = time.monotonic() - t0
+    dist.barrier()  # both ranks' steps done: every fetch from the other has happened
+    st.flush_counters()  # folds in what the other rank fetched from this one's uploads
+    return {"seconds": seconds, "fetch_seconds": st.counts()["remote_seconds"],
+            "served": st.counts()["served"], **_counts(st)}  # fmt: skip
 
 
 if __name__ == "__main__":
