@@ -80,6 +80,9 @@ class ClusterTier:
     def served_since_last(self) -> int:
         return 0  # the node servers count what they serve, in their node's store
 
+    def worker_env(self) -> dict[str, str]:
+        return {}  # a compile server is no Ray worker: it compiles under the node's locks only
+
     def _connect(self) -> Any | None:
         if time.monotonic() < self._down_until:
             return None

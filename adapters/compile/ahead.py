@@ -292,6 +292,8 @@ def _server_env() -> dict[str, str] | None:
     if store is None or not store.writable or env is None:
         return None
     env["FA4CACHE_DIR"] = str(store.root)
+    if store.remote is not None:  # in a job: the server compiles under the job's leases too
+        env.update(store.remote.worker_env())
     return env
 
 

@@ -144,7 +144,9 @@ def _run_task(task: CompileTask) -> dict[str, Any]:
         if present(k):
             continue
         try:
-            held = store.try_lock(k.digest)
+            # The node's lock, and in a job the job-wide lease: a kernel another node is
+            # compiling, or has published, is left to the miss path (which fetches it).
+            held = store.try_claim(k.digest)
         except OSError:
             held = None  # unlockable: compile without single-flight, as the miss path would
         else:

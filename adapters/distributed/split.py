@@ -62,7 +62,10 @@ def order(items: Sequence[T], rank: int, world: int) -> list[T]:
 def claim(store: Any, digest: str) -> Any | None:
     """The node lock and job lease of ``digest`` if both are free now, else None (the
     store's :meth:`~fa4cache.store.store.Store.try_claim`). Never waits."""
-    return store.try_claim(digest)
+    try:
+        return store.try_claim(digest)
+    except OSError:
+        return None
 
 
 def compile_across(

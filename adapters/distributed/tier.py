@@ -62,6 +62,10 @@ CHUNK = 4 << 20  # below the TCPStore server's 8 MiB payload limit
 RETRY_AFTER = 60.0  # seconds without store calls after a failure
 POLL = 0.2  # first wait between lease checks (doubles up to POLL_MAX)
 POLL_MAX = 1.0
+# ``host:port`` of the job's TCPStore, set by a rank for its own compile server: a process
+# outside the group (no rank of its own) that compiles ahead for that rank, under the same
+# leases, and uploads what it compiles. Internal plumbing between the two, not a setting.
+JOB_STORE_ENV = "FA4CACHE_JOB_STORE"
 MAGIC = b"FA4D1"
 
 
@@ -134,6 +138,7 @@ class DistributedTier:
         self._local: Any = None
         self._renewer: threading.Thread | None = None
         self._joined = False  # saw a process group (so its end is news)
+        self._address: str | None = None  # host:port of the job's TCPStore, once connected
         self._served_seen = 0  # served counter already folded into the local store's counters
         self.fetched = 0
         self.uploaded = 0
@@ -151,28 +156,39 @@ class DistributedTier:
 
     def _connect(self) -> Any | None:
         dist = _dist()
-        if dist is None:
+        address = os.environ.get(JOB_STORE_ENV) if dist is None else None
+        if dist is None and not address:
             if self._joined:
                 self._joined = False
                 with self._lock:
                     self._store = None
                 self._warn("gone", "fa4cache: the process group is gone; compiling locally (shown once)")
             return None
-        self._joined = True
+        self._joined = dist is not None
         if time.monotonic() < self._down_until:
             return None
         with self._lock:
             if self._store is None:
                 try:
-                    self._store = self._open(dist)
+                    self._store = self._open(dist) if dist is not None else self._open_address(address or "")
                 except Exception as e:
                     self._fail(e)
                     return None
             return self._store
 
-    def _open(self, dist: Any) -> Any:
+    def _client(self, host: str, port: int) -> Any:
         import datetime
 
+        import torch.distributed as dist
+
+        # Our own connection to the job's store server: our timeouts, our socket.
+        client = dist.TCPStore(
+            host, port, is_master=False, timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False
+        )
+        self._address = f"{host}:{port}"
+        return dist.PrefixStore(PREFIX, client)
+
+    def _open(self, dist: Any) -> Any:
         from torch.distributed.distributed_c10d import _get_default_store
 
         default = _get_default_store()
@@ -180,16 +196,22 @@ class DistributedTier:
         while hasattr(under, "underlying_store"):
             under = under.underlying_store
         if isinstance(under, dist.TCPStore):
-            # Our own connection to the job's store server: our timeouts, our socket.
-            client = dist.TCPStore(
-                under.host,
-                under.port,
-                is_master=False,
-                timeout=datetime.timedelta(seconds=self.timeout),
-                wait_for_workers=False,
-            )
-            return dist.PrefixStore(PREFIX, client)
+            return self._client(under.host, under.port)
         return dist.PrefixStore(PREFIX, default)
+
+    def _open_address(self, address: str) -> Any:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{JOB_STORE_ENV}={address!r} is not host:port")
+        return self._client(host, int(port))
+
+    def worker_env(self) -> dict[str, str]:
+        """For this rank's compile server: the tier and the job's store address, so that
+        what it compiles ahead is leased and uploaded like this rank's own compiles. Empty
+        outside a job, or where the job's store is no TCPStore (nothing to connect to)."""
+        if self._connect() is None or self._address is None:
+            return {}
+        return {"FA4CACHE_REMOTE_TIER": f"{__name__}:{type(self).__name__}", JOB_STORE_ENV: self._address}
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:

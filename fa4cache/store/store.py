@@ -191,11 +191,9 @@ class Store:
     def try_claim(self, digest: str) -> Any | None:
         """The key's node lock and, in a job, its job-wide lease, if both are free now
         (releasing the lock ends both); else None. Never waits: a kernel set split across
-        a job's nodes claims what nobody holds and leaves the rest for later."""
-        try:
-            lk = self.locks.try_lock(digest)
-        except OSError:
-            return None
+        a job's nodes claims what nobody holds and leaves the rest for later. OSError if
+        the node's lock cannot be used at all (as :meth:`try_lock`)."""
+        lk = self.locks.try_lock(digest)
         if lk is None or self.remote is None or not self.remote.active():
             return lk
         if self.remote.acquire(digest, 0):

@@ -118,6 +118,11 @@ class RemoteTier(Tier, Protocol):
         tier's own servers count what they serve)."""
         ...
 
+    def worker_env(self) -> dict[str, str]:
+        """Environment for this process's compile server, so that the kernels it compiles
+        ahead are leased and shared job-wide as this process's own would be ({} if none)."""
+        ...
+
 
 def read_entry(
     layout: Layout,

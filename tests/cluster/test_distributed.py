@@ -23,7 +23,7 @@ SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(
 
 def torchrun(tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str) -> list[dict[str, Any]]:
     """Run ``tests.helpers.dist_worker`` under torchrun; the ranks' RESULT lines, by rank."""
-    full = dict(os.environ, PYTHONPATH=str(ROOT), FA4CACHE_COMPILE_AHEAD="0", OMP_NUM_THREADS="1", **env)
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "FA4CACHE_COMPILE_AHEAD": "0", "OMP_NUM_THREADS": "1", **env}
     full.pop("FA4CACHE_DIR", None)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -161,3 +161,20 @@ def test_doctor_says_which_single_flight_mode(tmp_path: Path) -> None:
     assert single_flight_mode(None, False, True, None)[0] == "warn"  # NFS, no job tier: two may compile
     status, words = single_flight_mode(None, True, True, False)
     assert status == "ok" and "without flock" in words and "leases" in words
+
+
+@pytest.mark.compile
+def test_compile_ahead_in_a_job_compiles_each_kernel_once(tmp_path: Path) -> None:
+    """With compile-ahead on, each rank's compile server compiles the backward under the
+    job's leases and uploads it: the job compiles each kernel once, servers included."""
+    from tests.conftest import run_cli
+
+    ranks = torchrun(tmp_path, 2, "real", FA4CACHE_COMPILE_AHEAD="1", timeout=300)
+    per_node = []
+    for node in (0, 1):
+        p = run_cli(tmp_path / f"node-{node}", "stats", "--json")
+        assert p.returncode == 0, p.stderr
+        per_node.append(json.loads(p.stdout))
+    assert sum(s["compiles"] for s in per_node) == 4, (per_node, ranks)  # every process of the job
+    assert sum(s["ahead_compiles"] for s in per_node) >= 1, per_node  # a server did compile ahead
+    assert sum(r["real"]["remote_hits"] for r in ranks) >= 4, ranks  # the other node fetched all
