@@ -46,18 +46,19 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fa4cache.settings import setting
 from fa4cache.store.paths import EntryRef
 from fa4cache.store.secure_io import pid_alive
-from fa4cache.store.sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES
+from fa4cache.store.sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
 from fa4cache.store.tiers import Artifact, verify_copy
 
 log = logging.getLogger(__name__)
 
-PREFIX = "fa4cache/v1/"
+PREFIX = "fa4cache/v1"  # PrefixStore adds the "/"
 CHUNK = 4 << 20  # below the TCPStore server's 8 MiB payload limit
 RETRY_AFTER = 60.0  # seconds without store calls after a failure
 POLL = 0.2  # first wait between lease checks (doubles up to POLL_MAX)
@@ -85,8 +86,10 @@ def obj_key(digest: str) -> str:
     return f"o/{digest}"
 
 
-def chunk_key(digest: str, i: int) -> str:
-    return f"c/{digest}/{i}"
+def chunk_key(digest: str, sha256: str, i: int) -> str:
+    # By content too: two ranks uploading one kernel at once never mix their chunks (a build
+    # that is not bit-reproducible would otherwise leave a copy that verifies for nobody).
+    return f"c/{digest}/{sha256[:16]}/{i}"
 
 
 def lease_key(digest: str) -> str:
@@ -116,6 +119,41 @@ def parse_manifest(value: bytes) -> tuple[int, int, str, bytes] | None:
     return n, size, source, side
 
 
+def _process_namespace() -> str:
+    """Which pids this process can see: the boot and the pid namespace. Two containers that
+    share a hostname (host networking) but not a pid namespace must not judge each other's
+    pids."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return "?"
+    return f"{boot}-{ns}"
+
+
+def _bounded(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` on a thread of its own, waited for ``timeout`` seconds at most. A TCPStore
+    client's timeout bounds connecting and waiting for a key, not a server that stops
+    answering (a hung host, a partition): without this a rank would block in its forward."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="fa4cache-dist-call", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"no answer within {timeout:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 class DistributedTier:
     """The store's remote tier on torch.distributed (see the module docstring)."""
 
@@ -129,7 +167,8 @@ class DistributedTier:
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
         self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
         self.host = socket.gethostname()
-        self.owner = f"{self.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.namespace = _process_namespace()
+        self.owner = f"{self.host}:{os.getpid()}:{self.namespace}:{secrets.token_hex(4)}"
         self._lock = threading.RLock()
         self._store: Any = None
         self._down_until = 0.0
@@ -139,6 +178,10 @@ class DistributedTier:
         self._renewer: threading.Thread | None = None
         self._joined = False  # saw a process group (so its end is news)
         self._address: str | None = None  # host:port of the job's TCPStore, once connected
+        # digest -> (lease value, when this process first saw it): a lease is stale when its
+        # value has not changed for a lease time by this process's own clock (its holder
+        # renews it, changing the value, every third of that), whatever the hosts' clocks say.
+        self._seen: dict[str, tuple[str, float]] = {}
         self._served_seen = 0  # served counter already folded into the local store's counters
         self.fetched = 0
         self.uploaded = 0
@@ -238,14 +281,16 @@ class DistributedTier:
         t0 = time.perf_counter()
         try:
             key = obj_key(ref.digest)
-            if not st.check([key]):
+            if not self._call(lambda: st.check([key])):
                 return None
-            got = parse_manifest(st.get(key))
-            if got is None:
-                art, source = None, "?"
+            got = parse_manifest(self._call(lambda: st.get(key)))
+            side_ok = Sidecar.parse(got[3], ref) if got is not None else None
+            if got is None or side_ok is None:
+                art, source = None, got[2] if got is not None else "?"
             else:
                 n, size, source, side = got
-                data = b"".join(st.multi_get([chunk_key(ref.digest, i) for i in range(n)]))
+                keys = [chunk_key(ref.digest, side_ok.sha256, i) for i in range(n)]
+                data = b"".join(self._call(lambda: st.multi_get(keys)))
                 art = verify_copy(ref, side, data, tier=self.name) if len(data) == size else None
         except Exception as e:
             self._fail(e)
@@ -269,16 +314,18 @@ class DistributedTier:
         if st is None:
             return
         try:
-            if st.check([obj_key(ref.digest)]):
+            if self._call(lambda: st.check([obj_key(ref.digest)])):
                 return
             art = self._local_dir().get(ref)
             if art is None or art.sidecar.key is None:  # no key text: nothing binds the copy
                 return
-            data = art.data
+            data, sha = art.data, art.sidecar.sha256
             chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
             for i, c in enumerate(chunks):
-                st.set(chunk_key(ref.digest, i), c)
-            st.set(obj_key(ref.digest), manifest(len(chunks), len(data), self.source, art.sidecar.to_bytes()))
+                self._call(lambda i=i, c=c: st.set(chunk_key(ref.digest, sha, i), c))
+            value = manifest(len(chunks), len(data), self.served_as, art.sidecar.to_bytes())
+            # The first manifest stays: a second uploader's chunks sit under their own names.
+            self._call(lambda: st.compare_set(obj_key(ref.digest), "", value))
             self.uploaded += 1
         except Exception as e:
             self._fail(e)
@@ -298,11 +345,13 @@ class DistributedTier:
                 if self._published(st, digest):
                     return False
                 mine = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
-                cur = _text(st.compare_set(lease_key(digest), "", mine))
+                cur = _text(self._call(lambda m=mine: st.compare_set(lease_key(digest), "", m)))
                 if cur == mine:
                     break
                 # Only one waiter's compare_set sees the value it read: that one takes over.
-                if self._expired(cur) and _text(st.compare_set(lease_key(digest), cur, mine)) == mine:
+                if self._expired(digest, cur) and _text(
+                    self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m))
+                ) == mine:
                     self.handovers += 1
                     log.info("fa4cache: took over the compile lease of %s from %s", digest[:16], cur)
                     break
@@ -321,6 +370,7 @@ class DistributedTier:
         except Exception as e:
             self._fail(e)
             return False
+        self._seen.pop(digest, None)
         self._hold(digest, mine)
         return True
 
@@ -330,6 +380,7 @@ class DistributedTier:
             st = self._store
         if mine is not None and st is not None:
             self._call_quiet(lambda: st.compare_set(lease_key(digest), mine, ""))
+            self._seen.pop(digest, None)
 
     # -- helpers ---------------------------------------------------------------------------
     def _local_dir(self) -> Any:
@@ -340,20 +391,23 @@ class DistributedTier:
         return self._local
 
     def _published(self, st: Any, digest: str) -> bool:
-        return bool(st.check([obj_key(digest)]))
+        return bool(self._call(lambda: st.check([obj_key(digest)])))
 
-    def _expired(self, cur: str) -> bool:
-        owner, _, deadline = cur.rpartition(" ")
-        if not owner:
-            return False  # empty (released just now): the next compare_set takes it
-        try:
-            if time.time() > float(deadline):
-                return True
-        except ValueError:
-            return True  # not a lease: damage
-        host, _, rest = owner.partition(":")
-        pid = rest.partition(":")[0]
-        return host == self.host and pid.isdigit() and not pid_alive(int(pid))
+    def _expired(self, digest: str, cur: str) -> bool:
+        if not cur:
+            return False  # released just now: the next compare_set takes it
+        now = time.monotonic()
+        seen = self._seen.get(digest)
+        if seen is None or seen[0] != cur:
+            self._seen[digest] = seen = (cur, now)
+        if now - seen[1] > self.lease_seconds:
+            return True  # not renewed for a lease time (or not a lease at all: damage)
+        # A dead holder that this process can see: at once (same host, same pid namespace).
+        owner = cur.rpartition(" ")[0]
+        host, pid, namespace = (owner.split(":") + ["", "", ""])[:3]
+        return (
+            host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
+        )
 
     def _hold(self, digest: str, value: str) -> None:
         with self._lock:
@@ -375,28 +429,46 @@ class DistributedTier:
             for digest, old in held.items():
                 new = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
                 try:
-                    if _text(st.compare_set(lease_key(digest), old, new)) == new:
-                        with self._lock:
-                            if digest in self._held_value:
-                                self._held_value[digest] = new
+                    if _text(self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))) != new:
+                        continue
+                    with self._lock:
+                        still = digest in self._held_value
+                        if still:
+                            self._held_value[digest] = new
+                    if not still:  # released meanwhile: its release saw the old value
+                        self._call(lambda s=st, d=digest, n=new: s.compare_set(lease_key(d), n, ""))
                 except Exception as e:
                     log.debug("fa4cache: lease renewal failed: %s", e)
 
+    @property
+    def served_as(self) -> str:
+        """The name this tier's uploads are counted under: one per tier object (several
+        stores in one process each fold their own count)."""
+        return f"{self.source}:{self.owner.rpartition(':')[2]}"
+
     def served_since_last(self) -> int:
-        """Kernels other ranks fetched from this rank's uploads since the last call."""
-        st = self._connect()
-        if st is None:
+        """Kernels other ranks fetched from this tier's uploads since the last call. Asks the
+        job only if this tier uploaded, over a connection it already has (never a new one at
+        exit, when the job's store may be gone)."""
+        with self._lock:
+            st = self._store
+        if st is None or not self.uploaded:
             return 0
         try:
-            total = int(st.add(served_key(self.source), 0))
+            total = int(self._call(lambda: st.add(served_key(self.served_as), 0)))
         except Exception:
             return 0
         n, self._served_seen = total - self._served_seen, total
         return max(n, 0)
 
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """A store call bounded by ``FA4CACHE_CLUSTER_TIMEOUT``; a timeout drops the
+        connection like any failure (the caller's ``except`` calls :meth:`_fail`)."""
+        return _bounded(fn, self.timeout)
+
     def _call_quiet(self, fn: Any) -> None:
         try:
-            fn()
+            self._call(fn)
         except Exception as e:
             log.debug("fa4cache: c10d store call failed: %s", e)
 

@@ -176,13 +176,15 @@ class Store:
         """Hold the key's lock, waiting for another holder (most likely compiling this
         very kernel) up to the lock timeout. None when no lock can be had: read-only
         store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
+        t0 = time.monotonic()
         lk = self._acquire_local(digest, timeout=timeout)
         if lk is None or self.remote is None:
             return lk
         # The node's lock is held: other processes here wait on it. Now the job-wide
-        # lease (or a wait for the node that holds it); True means this process compiles.
-        wait = self.settings.lock_timeout if timeout is None else timeout
-        return _LeasedLock(lk, self.remote, digest) if self.remote.acquire(digest, wait) else lk
+        # lease (or a wait for the node that holds it), in what is left of the one wait;
+        # True means this process compiles.
+        wait = (self.settings.lock_timeout if timeout is None else timeout) - (time.monotonic() - t0)
+        return _LeasedLock(lk, self.remote, digest) if self.remote.acquire(digest, max(wait, 0.0)) else lk
 
     def try_lock(self, digest: str) -> Any | None:
         """The key's node lock if free now, else None; OSError if it cannot be used at all."""

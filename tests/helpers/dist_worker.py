@@ -65,7 +65,7 @@ def _counts(store: Any) -> dict[str, float]:
     return {k: v[k] for k in ("compiles", "remote_hits", "misses", "disk_hits")}
 
 
-def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve: bool) -> None:
+def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve: bool, freeze: bool = False) -> None:
     """A process with a one-rank group of its own on ``host:port`` (``serve``: it hosts that
     store server itself in a grandchild, then kills it)."""
     import datetime
@@ -89,13 +89,19 @@ def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve:
     fake = FakeFA4(_store(Path(cache_dir)), compile_seconds=seconds)
     if server is not None:
         fake.call(key, 0)  # with the store up: compiled and uploaded
-        server.kill()
-        server.wait()
+        if freeze:  # a server that stops answering (a hung host, a partition), connections open
+            os.kill(server.pid, signal.SIGSTOP)
+        else:
+            server.kill()
+            server.wait()
         t0 = time.monotonic()
         for k in (key + 1, key + 2):
             fake.call(k, 0)
         out = {"compiles": fake.compiles, "seconds": time.monotonic() - t0, "warnings": keep.warnings}
         print("RESULT " + json.dumps(out), flush=True)
+        if freeze:
+            server.kill()
+            server.wait()
         return
     print("LEASING", flush=True)
     fake.call(key, 0)  # killed mid-compile by the parent
@@ -104,7 +110,7 @@ def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         a = sys.argv[2:]
-        child(a[0], int(a[1]), int(a[2]), float(a[3]), a[4], a[5] == "serve")
+        child(a[0], int(a[1]), int(a[2]), float(a[3]), a[4], a[5] in ("serve", "freeze"), a[5] == "freeze")
         return
     p = argparse.ArgumentParser()
     p.add_argument("--scenario", required=True)
@@ -148,8 +154,9 @@ def main() -> None:
             tier = late.cache._inst.store.remote
             st = tier._connect()
             ref = late.cache.ref(a.offset)
-            good = st.get(chunk_key(ref.digest, 0))
-            st.set(chunk_key(ref.digest, 0), bytes([good[0] ^ 1]) + good[1:])
+            sha = late.cache._inst.store.read_sidecar(ref).sha256  # the copy late fetched
+            good = st.get(chunk_key(ref.digest, sha, 0))
+            st.set(chunk_key(ref.digest, sha, 0), bytes([good[0] ^ 1]) + good[1:])
             bad = FakeFA4(_store(base / "bad"), compile_seconds=0)
             assert bad.call(a.offset, 1) == a.offset + 1 and bad.call(a.offset + 1, 1) == a.offset + 2
             out["corrupt"] = {"compiles": bad.compiles, **_counts(bad.cache._inst.store)}
@@ -193,6 +200,15 @@ def main() -> None:
             )  # fmt: skip
             line = [x for x in c.stdout.splitlines() if x.startswith("RESULT ")]
             out["torn"] = json.loads(line[-1][7:]) if line else {"stderr": c.stderr[-2000:]}
+            t0 = time.monotonic()
+            c = subprocess.run(
+                [sys.executable, "-m", "tests.helpers.dist_worker", "child", "127.0.0.1", "0", "40", str(a.seconds),
+                 str(base / "frozen"), "freeze"],
+                capture_output=True, text=True, cwd=ROOT, timeout=60,
+            )  # fmt: skip
+            line = [x for x in c.stdout.splitlines() if x.startswith("RESULT ")]
+            out["frozen"] = json.loads(line[-1][7:]) if line else {"stderr": c.stderr[-2000:]}
+            out["frozen"]["exit_seconds"] = time.monotonic() - t0
         dist.barrier()
         # Destroyed group: the tier is off again, misses compile locally.
         fake = FakeFA4(store, compile_seconds=0)
