@@ -115,3 +115,25 @@ def doc_store_copy(doc_store: dict[str, Any], tmp_path: Path) -> Path:
     shutil.rmtree(dst / "stats")
     (dst / "stats").mkdir(mode=0o700)
     return dst
+
+
+# ------------------------------------------------------------------ the fault table
+# Rows recorded by tests/faults (its ``record`` fixture) travel in each test's report, so a
+# parallel run's controller, which loads this conftest but not tests/faults', prints them.
+_FAULT_ROWS: list[tuple[str, ...]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":  # a test's properties so far, every row once
+        _FAULT_ROWS.extend(tuple(v) for k, v in report.user_properties if k == "fault_row")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FAULT_ROWS:
+        return
+    tr = terminalreporter
+    tr.section("fa4cache fault injection: what was injected, what happened")
+    tr.write_line("| fault | injected | outcome |")
+    tr.write_line("|---|---|---|")
+    for row in _FAULT_ROWS:
+        tr.write_line("| " + " | ".join(row) + " |")

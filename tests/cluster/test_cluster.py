@@ -13,7 +13,8 @@ import pytest
 
 from fa4cache.store.paths import LAYOUT, EntryRef
 
-pytestmark = pytest.mark.ray
+# One Ray cluster at a time on this machine, in a parallel run too.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 ROOT = Path(__file__).resolve().parents[2]
 CROSS = {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"}

@@ -10,7 +10,8 @@ import pytest
 
 from fa4cache.errors import ConfigError
 
-pytestmark = pytest.mark.ray
+# One Ray cluster at a time on this machine, in a parallel run too.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 CROSS = {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"}
 

@@ -1,4 +1,6 @@
-"""Fault-injection suite: collects a table of what was injected and what happened."""
+"""Fault-injection suite: each test records what was injected and what happened; the table is
+printed at the end of the run (tests/conftest.py, which the controller of a parallel run
+loads too)."""
 
 from __future__ import annotations
 
@@ -6,23 +8,12 @@ from typing import Any
 
 import pytest
 
-_ROWS: list[tuple[str, str, str]] = []
-
 
 @pytest.fixture
-def record() -> Any:
+def record(request: pytest.FixtureRequest) -> Any:
+    # Through the test's report: under pytest-xdist the rows reach the controller that
+    # prints the table, not only the worker that ran the test.
     def add(fault: str, injected: str, outcome: str) -> None:
-        _ROWS.append((fault, injected, outcome))
+        request.node.user_properties.append(("fault_row", (fault, injected, outcome)))
 
     return add
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _ROWS:
-        return
-    tr = terminalreporter
-    tr.section("fa4cache fault injection: what was injected, what happened")
-    tr.write_line("| fault | injected | outcome |")
-    tr.write_line("|---|---|---|")
-    for row in _ROWS:
-        tr.write_line("| " + " | ".join(row) + " |")

@@ -336,6 +336,10 @@ def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch
         with record_spec(specs[-1].to_dict()):
             FakeFA4(store).call(key + 1, 0)
         assert ahead.set_is_stored(specs)
-        assert ahead.start_model_set(specs) == [] and ahead._server is None
+        def no_server(**kw: object) -> None:
+            raise AssertionError("a compile server was started for a stored kernel set")
+
+        monkeypatch.setattr(ahead, "_get_server", no_server)
+        assert ahead.start_model_set(specs) == []
     finally:
         runtime.unregister()

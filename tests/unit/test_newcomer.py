@@ -80,7 +80,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # The two commands, exactly: .ci/run runs the test command, install.sh the extras.
 INSTALL_WARM_STATS = "bash scripts/install.sh && .venv/bin/fa4cache warm && .venv/bin/fa4cache stats"
-TEST_COMMAND = ".venv/bin/python -m pytest -q tests"
+TEST_COMMAND = ".venv/bin/python -m pytest -q -n 2 --dist loadgroup tests"
 FAST_TIER = '.venv/bin/python -m pytest -q -m "not slow and not compile and not ray" tests'
 
 
