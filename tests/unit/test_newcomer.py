@@ -215,11 +215,12 @@ def test_mask_input_errors_name_the_argument() -> None:
     assert mask.for_head_dim(256) is not None
 
 
-@pytest.mark.parametrize("seed", [random.randrange(2**31)])
-def test_prefix_longer_than_its_document_is_refused_exactly_then(seed: int) -> None:
+def test_prefix_longer_than_its_document_is_refused_exactly_then() -> None:
     # The space: random packings (cu_seqlens and 2-row document_ids) and prefixes around
     # each document's length; an error exactly when one exceeds it, else the reference mask.
-    print("seed", seed)
+    # Drawn in the test, not at collection (parallel workers must collect the same tests).
+    seed = int(os.environ.get("FA4CACHE_TEST_SEED", random.randrange(2**31)))
+    print(f"seed {seed} (FA4CACHE_TEST_SEED={seed} repeats it)")
     rng = random.Random(seed)
     for _ in range(25):
         rows = [[rng.randint(1, 40) for _ in range(rng.randint(1, 4))] for _ in range(2)]
