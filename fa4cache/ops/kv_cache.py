@@ -131,8 +131,8 @@ def sequences(
     if hit is not None and hit[0]() is src and (hit[1] or not check):
         return hit[2]
     value = _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
-    if len(_step) > 8:  # a step has one or two kinds of layer (full and sliding)
-        _step.clear()
+    while len(_step) >= 8:  # a step has one or two kinds of layer (full and sliding)
+        del _step[next(iter(_step))]  # the oldest: never the current step's other kind
     _step[key] = (weakref.ref(src), check, value)
     return value
 

@@ -606,6 +606,9 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
         return real(*a, check=check)
 
     monkeypatch.setattr(kv_cache, "key_ranges", spy)
+    # Whatever earlier tests of this process left there: full, so that each new step evicts.
+    for i in range(8):
+        kv_cache._step[("earlier", i)] = (lambda: None, True, (None, None))
     rng = random.Random(SEED)
     ids, mask = _left_padded(rng, 3, 9, cfg.vocab_size)
     follow = torch.randint(0, cfg.vocab_size, (3, 2))
