@@ -17,8 +17,9 @@ if __name__ != "fa4cache.adapters":
     )
 
 # The wings: fa4/ (what binds FA4 to the store), jit/ (``jit_cache`` and QuACK), compile/
-# (the compile service), transformers, and install/route (``install()`` and its state).
-_SUBMODULES = ("compile", "fa4", "install", "jit", "route", "transformers")
+# (the compile service), transformers/, distributed/ (torchrun jobs), and install/route
+# (``install()`` and its state).
+_SUBMODULES = ("compile", "distributed", "fa4", "install", "jit", "patch", "route", "transformers")
 
 
 def __getattr__(name: str) -> _typing.Any:

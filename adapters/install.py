@@ -1,6 +1,6 @@
 """``fa4cache.install()``: the store behind FA4's compile caches, with what builds on it.
 
-This module only wires the pieces together: :mod:`fa4cache.adapters.fa4.patch` patches FA4's compile caches
+This module only wires the pieces together: :mod:`fa4cache.adapters.patch` patches FA4's compile caches
 (and routes QuACK's), :mod:`fa4cache.adapters.compile.ahead` registers the forward wrapper that starts a
 step's backward kernels compiling in the background, and on a GPU host its compile server
 starts here. The patcher itself imports neither.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from fa4cache.adapters.compile import ahead as compile_ahead  # registers its forward wrapper on import
-from fa4cache.adapters.fa4.patch import install as _install_store
-from fa4cache.adapters.fa4.patch import uninstall
+from fa4cache.adapters.patch import install as _install_store
+from fa4cache.adapters.patch import uninstall
 
 __all__ = ["install", "uninstall"]
 

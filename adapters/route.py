@@ -1,7 +1,7 @@
 """One installation of the store behind compile caches: where kernels go, how they are
 exported and loaded, which toolchain they are filed under.
 
-FA4's entry points (:mod:`fa4cache.adapters.fa4.patch`) and ``@fa4cache.jit_cache`` functions
+FA4's entry points (:mod:`fa4cache.adapters.patch`) and ``@fa4cache.jit_cache`` functions
 (:mod:`fa4cache.adapters.jit.jit_cache`, QuACK's among them) publish through it.
 """
 
@@ -47,7 +47,7 @@ class Route:
     store: Store
     patches: list[_Patch] = field(default_factory=list)
     codegen_patches: dict[str, str] = field(default_factory=dict)
-    # (module, name, FA4's hash_callable) where fa4cache's sound hash replaced it (.fa4_keys)
+    # (module, name, FA4's hash_callable) where fa4cache's sound hash replaced it (:mod:`fa4cache.adapters.fa4.keys`)
     hash_patches: list[tuple[types.ModuleType, str, Any]] = field(default_factory=list)
     _toolchain: Toolchain | None = None
     # How artifacts become callables and kernels become artifacts: FA4's by default; the

@@ -47,7 +47,7 @@ def step() -> float:
 head_start = time.perf_counter() - t_built
 first = step()
 second = step()
-from fa4cache.adapters.fa4.patch import fold_all_hits  # noqa: E402
+from fa4cache.adapters.patch import fold_all_hits  # noqa: E402
 
 store = fa4cache.install()
 fold_all_hits()

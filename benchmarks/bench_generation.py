@@ -238,7 +238,7 @@ def logits_error(models: dict[str, Any], ids: Any, mask: Any, steps: int = 8) ->
 
 
 def compiles(store: Any) -> int:
-    from fa4cache.adapters.fa4.patch import fold_all_hits
+    from fa4cache.adapters.patch import fold_all_hits
 
     fold_all_hits()
     store.counters.flush()

@@ -146,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
     grads = {k: t.grad.detach().cpu() for k, t in m.items() if hasattr(t, "grad") and t.grad is not None}
     torch.save({"loss": loss.detach().cpu(), **grads}, args.tensors)
     if store is not None:
-        import fa4cache.adapters.fa4.patch as fa
+        import fa4cache.adapters.patch as fa
         from fa4cache.adapters.jit.jit_cache import fold_all_hits
 
         fa.fold_all_hits()

@@ -40,6 +40,11 @@ __all__ = sorted(_FACE)
 def __getattr__(name: str) -> _typing.Any:
     if name in _FACE:
         return getattr(_importlib.import_module(_FACE[name]), name)
+    try:  # a submodule by attribute, as after ``import fa4cache`` (its own names stay apart)
+        return _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,6 +1,6 @@
 """``fa4cache warm --hf-config PATH --generation``: cross-compile, on the CPU, the FA4
 kernels that generation with ``attn_implementation="fa4cache"`` runs for that model
-(:mod:`.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
+(:mod:`fa4cache.ops.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
 continuous-batching step (decode, and steps with prompts), for full and sliding layers.
 
 Each is one call of the adapter's own op body on fake CUDA tensors (the per-row lengths
@@ -127,7 +127,7 @@ def warm_generation_items(items: list[dict[str, Any]], *, cache_dir: str | None 
     """Compile the generation calls ``items`` (:func:`generation_items`, or what the store
     recorded) into the store; each entry records its item as its spec."""
     import torch
-    from fa4cache.adapters.fa4.patch import fold_all_hits, install
+    from fa4cache.adapters.patch import fold_all_hits, install
 
     from fa4cache.store.runtime import record_spec
 

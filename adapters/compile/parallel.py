@@ -38,7 +38,7 @@ def warm_parallel(
         # No GPU here: fork the workers from this process once it has imported FA4, so the
         # import is paid once (on a busy CPU that import is a large share of the work).
         from fa4cache.adapters.fa4.compile_cache import ahead_off as off
-        from fa4cache.adapters.fa4.patch import install
+        from fa4cache.adapters.patch import install
 
         install(cache_dir)
         with off():

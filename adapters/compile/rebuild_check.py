@@ -114,7 +114,7 @@ def _compare(store: Store, fresh: Store, refs: list[EntryRef], rep: RebuildRepor
 def _main(argv: list[str]) -> int:
     """In the rebuild process: compile one spec into FA4CACHE_DIR."""
     from fa4cache.adapters.compile.warm_specs import compile_spec
-    from fa4cache.adapters.fa4.patch import install
+    from fa4cache.adapters.patch import install
 
     from fa4cache.aot.spec import KernelSpec
 

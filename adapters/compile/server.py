@@ -231,13 +231,3 @@ def can_fork() -> bool:
     from fa4cache.adapters.fa4.cross_compile import gpu_present
 
     return sys.platform.startswith("linux") and not gpu_present()
-
-
-def fork_run(task: CompileTask, n: int) -> list[dict[str, Any]]:
-    """Run ``task`` in ``n`` children forked from this process, which has installed the store
-    and imported FA4 (a child starts compiling at once and costs no second import); their
-    results, in order. A child dies with this process like a spawned worker."""
-    from fa4cache.adapters.compile import worker as compile_worker
-
-    children = [compile_worker.fork_child(task, progress=False) for _ in range(n)]
-    return [compile_worker.collect(pid, r) for pid, r in children]

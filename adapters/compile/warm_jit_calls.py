@@ -180,8 +180,8 @@ def resolve(function: str) -> Callable[..., Any]:
 def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarmResult]:
     """Compile ``calls`` into the store in this process; one result per call."""
     from fa4cache.adapters.compile.warm_specs import counted, set_cross_compile_env
-    from fa4cache.adapters.fa4.patch import install
     from fa4cache.adapters.jit.jit_cache import fold_all_hits
+    from fa4cache.adapters.patch import install
 
     if not calls:
         return []

@@ -200,7 +200,7 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
 def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
     """Compile ``specs`` into the store in this process; returns one result per spec."""
     from fa4cache.adapters.fa4.compile_cache import ahead_off as off
-    from fa4cache.adapters.fa4.patch import fold_all_hits, install
+    from fa4cache.adapters.patch import fold_all_hits, install
 
     if specs:
         set_cross_compile_env(specs[0].arch)

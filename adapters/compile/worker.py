@@ -280,7 +280,7 @@ def main() -> int:
     if config is None:
         os._exit(0)  # the parent left before it knew what to compile
     configure(config["env"])
-    from fa4cache.adapters.fa4.patch import install
+    from fa4cache.adapters.patch import install
 
     install()
     _say("READY")

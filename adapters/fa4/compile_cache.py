@@ -102,7 +102,7 @@ class StoreCompileCache:
             return True
         sel = getattr(_tl, "select", None)
         if is_memory_only(key):
-            # Code no key describes completely (.fa4_keys): compiled here, never stored,
+            # Code no key describes completely (:mod:`fa4cache.adapters.fa4.keys`): compiled here, never stored,
             # listed or shipped to a compile worker.
             if sel is None:
                 warmth.check(self.kind, "its mask_mod/score_mod cannot be keyed, so it is never stored")

@@ -18,7 +18,7 @@ convention)::
   run time. An argument without a stable encoding raises
   :class:`~fa4cache.errors.UnstableKeyError`; code no key can describe completely (it
   reads an object fa4cache cannot value) compiles in memory only, with one warning.
-* Entries go through the store like FA4's (:class:`~.compile_cache.StoreCompileCache`):
+* Entries go through the store like FA4's (:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`):
   single-flight across processes, integrity and owner checks, counters by kind
   (``jit.<function>``), prune, base stores. The store is the installed one
   (``fa4cache.install()``), else the one the environment names (``FA4CACHE_DIR``);

@@ -11,7 +11,7 @@ What it does, per forward step (the mask is built once and shared by every layer
   ``cu_seq_lens_q``/``cu_seqlens_q`` (either naming, with ``max_length_q``/``max_seqlen_q``)
   or from ``position_ids`` that restart at each document; they run on FA4's varlen
   kernels (per-document tiles) through one custom op per layer
-  (:mod:`.packed_attention`). A 2-D padding mask becomes documents too (padding never
+  (:mod:`fa4cache.ops.packed_attention`). A 2-D padding mask becomes documents too (padding never
   attends to text). No 4-D mask is ever built.
 * **torch.compile**: the op is opaque to the compiler, so the whole model compiles into
   one graph (``fullgraph=True`` works) and fuses around the attention, with no recompile
@@ -23,7 +23,7 @@ What it does, per forward step (the mask is built once and shared by every layer
 * **Logit softcapping** (Gemma 2) runs in FA4's kernels (its softcap score_mod).
 * **Steps over a KV cache** (``generate`` with a dynamic or static cache, any batch, left
   padding; decode and prefill into a static cache) run as one FA4 call per layer over
-  the cache as it lies (:mod:`.kv_cache`), with sliding windows and softcapping, no host
+  the cache as it lies (:mod:`fa4cache.ops.kv_cache`), with sliding windows and softcapping, no host
   sync and one kernel per layer kind whatever the batch size or cache length.
 * Attention dropout, 4-D masks without document boundaries, KV-cache steps with neither
   a 2-D mask nor ``position_ids``, and gradients through a KV-cache step run through

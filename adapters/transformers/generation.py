@@ -73,7 +73,7 @@ def kv_cache_attention(
     softcap: float | None,
     check_mask: bool = True,
 ) -> Any:
-    """A step over a KV cache on FA4 (:mod:`.kv_cache`). The window is passed whenever the
+    """A step over a KV cache on FA4 (:mod:`fa4cache.ops.kv_cache`). The window is passed whenever the
     layer has one, even while the cache is shorter: the kernel then stays the same as the
     cache grows past it."""
     window = sliding_window - 1 if sliding_window is not None else None

@@ -19,7 +19,7 @@ def padding_mask(
     4-D mask and never a check that reads the mask back from the device. A static cache's
     keys outnumber the tokens so far: its mask is padded with False to the buffer's length,
     so that the mask of every decode step has one shape (what a compiled or graphed decode
-    step needs; :mod:`.kv_cache` reads the tokens' slots from it)."""
+    step needs; :mod:`fa4cache.ops.kv_cache` reads the tokens' slots from it)."""
     if attention_mask is None or attention_mask.dim() != 2:
         return attention_mask
     if kv_length > attention_mask.shape[1]:

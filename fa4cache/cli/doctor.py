@@ -94,7 +94,7 @@ def _cache_directory(line: _Report, s: Settings) -> tuple[Settings, bool]:
 
 
 def _target_and_toolchains(line: _Report, s: Settings) -> None:
-    from fa4cache.adapters.fa4.patch import expected_patches
+    from fa4cache.adapters.patch import expected_patches
     from fa4cache.adapters.route import job_toolchain
     from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
     from fa4cache.store.paths import Layout

@@ -25,7 +25,7 @@ _FIX = {
 def host_toolchains() -> dict[str, dict[str, Any]]:
     """The toolchains jobs here compile for (FA4's, and jit/QuACK kernels'), by id; empty
     without a target arch (no GPU and no FLASH_ATTENTION_ARCH)."""
-    from fa4cache.adapters.fa4.patch import expected_patches
+    from fa4cache.adapters.patch import expected_patches
     from fa4cache.adapters.route import job_toolchain
     from fa4cache.arch import num_sms_or_none, resolved_arch
     from fa4cache.fingerprint import toolchain

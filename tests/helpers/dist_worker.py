@@ -1,4 +1,4 @@
-"""A rank of a ``torchrun`` job for tests/test_distributed.py (gloo, CPU).
+"""A rank of a ``torchrun`` job for tests/cluster/test_distributed.py (gloo, CPU).
 
 Ranks are grouped into "nodes" of ``--per-node`` ranks, each node with its own store
 ``<base>/node-<n>``. Scenarios (``--scenario``):

@@ -154,7 +154,7 @@ def main() -> None:
         lock_waits=int(c["lock_waits"]),
         memory_hits=sum(
             p.cache.memory_hits
-            for p in __import__("fa4cache.adapters.fa4.patch", fromlist=["x"])._installed.patches
+            for p in __import__("fa4cache.adapters.patch", fromlist=["x"])._installed.patches
         ),
     )
 

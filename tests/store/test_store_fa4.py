@@ -113,7 +113,7 @@ def test_install_is_idempotent_and_uninstall_restores(tmp_path: Path) -> None:
     code = r"""
 import json, os, sys
 import fa4cache
-from fa4cache.adapters.fa4 import patch as ad
+from fa4cache.adapters import patch as ad
 s1 = fa4cache.install()
 s2 = fa4cache.install()
 assert 'flash_attn' not in sys.modules
