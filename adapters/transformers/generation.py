@@ -12,6 +12,13 @@ from fa4cache.ops import kv_cache
 from .common import NAME, compiling, first_kwarg, host_int, per_layer_type
 
 
+def _window_and_scale(query: Any, sliding_window: int | None, scaling: float | None) -> tuple[int | None, float]:
+    """transformers' ``sliding_window`` (keys a query sees, itself included) as FA4's
+    ``window_size_left`` (keys before it), and the softmax scale (1/sqrt(d) by default)."""
+    window = sliding_window - 1 if sliding_window is not None else None
+    return window, scaling if scaling is not None else query.shape[-1] ** -0.5
+
+
 def paged_cache_update(module: Any, key: Any, value: Any, kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
     """transformers before 5.2x (5.17 on the H200 image) hands a paged implementation only the
     step's new keys, with the paged cache as ``cache`` and its ``read_index``/``write_index``:
@@ -76,8 +83,7 @@ def kv_cache_attention(
     """A step over a KV cache on FA4 (:mod:`fa4cache.ops.kv_cache`). The window is passed whenever the
     layer has one, even while the cache is shorter: the kernel then stays the same as the
     cache grows past it."""
-    window = sliding_window - 1 if sliding_window is not None else None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window, scale = _window_and_scale(query, sliding_window, scaling)
     pos = kwargs.get("position_ids") if attention_mask is None else None
     args = (query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check_mask)
     if compiling():  # one opaque node to the compiler
@@ -100,8 +106,7 @@ def varlen_kv_attention(
 ) -> Any:
     """Continuous batching's step (queries and keys of each sequence from ``cu_seq_lens_q``
     and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`.kv_cache.varlen_forward`)."""
-    window = sliding_window - 1 if sliding_window is not None else None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window, scale = _window_and_scale(query, sliding_window, scaling)
     max_q = host_int(first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
     max_k = host_int(per_layer_type(first_kwarg(kwargs, "max_length_k", "max_seqlen_k"), sliding_window))
     args = (query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0))
@@ -122,8 +127,7 @@ def block_table_attention(
     kwargs, as it calls ``flash_attn_with_kvcache``): the step's one new token per sequence
     is written into its page by this call (the cache has not stored it), then FA4 attends
     over the pages (:func:`.kv_cache.paged_forward`)."""
-    window = sliding_window - 1 if sliding_window is not None else None
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window, scale = _window_and_scale(query, sliding_window, scaling)
     cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
     return kv_cache.paged_forward(
         query, key, value, kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], cu_k,

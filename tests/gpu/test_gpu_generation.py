@@ -16,18 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.transformers_compat import cache_kwarg
+
 pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
 
-
-def _cache_kw() -> str:
-    """``cache`` from transformers 5.2x (``past_key_values`` deprecated), else ``past_key_values``."""
-    import inspect
-
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 def _rel(a: Any, b: Any) -> float:
@@ -96,7 +90,7 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
     outs = []
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        outs.append(model(input_ids=ids, attention_mask=mask, position_ids=pos, **{_cache_kw(): cache}).logits)
+        outs.append(model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache}).logits)
         for t in range(follow.shape[1]):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = mask.sum(-1, keepdim=True) - 1
@@ -105,7 +99,7 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
                     input_ids=follow[:, t : t + 1],
                     attention_mask=mask,
                     position_ids=pos,
-                    **{_cache_kw(): cache},
+                    **{cache_kwarg(): cache},
                 ).logits
             )
     return outs
@@ -255,7 +249,7 @@ def test_a_static_cache_decode_step_captured_by_hand_replays_correctly(seen: Any
     cache = StaticCache(ours.config, max_cache_len=L)
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        ours(input_ids=ids, attention_mask=mask, position_ids=pos, **{_cache_kw(): cache})
+        ours(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache})
         # Static buffers: the whole cache's mask (the tokens so far, then unused slots).
         s_mask = torch.zeros(B, L, dtype=torch.long, device="cuda")
         s_mask[:, :P] = mask
@@ -269,7 +263,7 @@ def test_a_static_cache_decode_step_captured_by_hand_replays_correctly(seen: Any
 
         def step() -> Any:
             return ours(
-                input_ids=s_ids, attention_mask=s_mask, position_ids=s_pos, **{_cache_kw(): cache}
+                input_ids=s_ids, attention_mask=s_mask, position_ids=s_pos, **{cache_kwarg(): cache}
             ).logits
 
         got = []
@@ -290,14 +284,14 @@ def test_a_static_cache_decode_step_captured_by_hand_replays_correctly(seen: Any
             got.append(s_logits.clone())
         assert seen["n"] == calls  # replays run no Python
         dyn = DynamicCache(config=ref.config)
-        want = [ref(input_ids=ids, attention_mask=mask, position_ids=pos, **{_cache_kw(): dyn}).logits]
+        want = [ref(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): dyn}).logits]
         m = mask
         for t in range(N):
             m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
             p = m.sum(-1, keepdim=True) - 1
             want.append(
                 ref(
-                    input_ids=follow[:, t : t + 1], attention_mask=m, position_ids=p, **{_cache_kw(): dyn}
+                    input_ids=follow[:, t : t + 1], attention_mask=m, position_ids=p, **{cache_kwarg(): dyn}
                 ).logits
             )
     for t in range(N):

@@ -107,6 +107,18 @@ def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve:
     fake.call(key, 0)  # killed mid-compile by the parent
 
 
+def _run_child(key: int, seconds: float, cache_dir: Path, mode: str) -> dict[str, Any]:
+    """:func:`child` in a process of its own, hosting its own store server (``mode``: "serve"
+    kills that server mid-run, "freeze" stops it); its RESULT, or its stderr's tail."""
+    c = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.dist_worker", "child", "127.0.0.1", "0", str(key), str(seconds),
+         str(cache_dir), mode],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    line = [x for x in c.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[-1][7:]) if line else {"stderr": c.stderr[-2000:]}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         a = sys.argv[2:]
@@ -193,21 +205,9 @@ def main() -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
         if rank == 0:
-            c = subprocess.run(
-                [sys.executable, "-m", "tests.helpers.dist_worker", "child", "127.0.0.1", "0", "20", str(a.seconds),
-                 str(base / "torn"), "serve"],
-                capture_output=True, text=True, cwd=ROOT, timeout=60,
-            )  # fmt: skip
-            line = [x for x in c.stdout.splitlines() if x.startswith("RESULT ")]
-            out["torn"] = json.loads(line[-1][7:]) if line else {"stderr": c.stderr[-2000:]}
+            out["torn"] = _run_child(20, a.seconds, base / "torn", "serve")
             t0 = time.monotonic()
-            c = subprocess.run(
-                [sys.executable, "-m", "tests.helpers.dist_worker", "child", "127.0.0.1", "0", "40", str(a.seconds),
-                 str(base / "frozen"), "freeze"],
-                capture_output=True, text=True, cwd=ROOT, timeout=60,
-            )  # fmt: skip
-            line = [x for x in c.stdout.splitlines() if x.startswith("RESULT ")]
-            out["frozen"] = json.loads(line[-1][7:]) if line else {"stderr": c.stderr[-2000:]}
+            out["frozen"] = _run_child(40, a.seconds, base / "frozen", "freeze")
             out["frozen"]["exit_seconds"] = time.monotonic() - t0
         dist.barrier()
         # Destroyed group: the tier is off again, misses compile locally.

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.transformers_compat import cache_kwarg
+
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
@@ -32,15 +34,8 @@ pytestmark = [
 ]
 
 
-def _cache_kw() -> str:
-    import inspect
 
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
-
-
-CACHE = _cache_kw()
+CACHE = cache_kwarg()
 
 
 @pytest.fixture
