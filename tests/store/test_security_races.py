@@ -260,9 +260,10 @@ def test_lookups_read_the_directories_they_checked(people: Any) -> None:
                 os.rename(P + "/.real", R)
             except OSError:
                 pass
-            if swaps % 100 == 1:
-                with open(P + "/swaps", "w") as f:
+            if swaps % 100 == 1:  # whole numbers only: the test reads it while this runs
+                with open(P + "/.swaps", "w") as f:
                     f.write(str(swaps))
+                os.replace(P + "/.swaps", P + "/swaps")
         """
     )
     os.chmod(victim.home, 0o755)  # the attacker must reach proj/ (the victim's home is 0700)
