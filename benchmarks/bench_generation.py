@@ -16,8 +16,9 @@ Like with like:
 * the same number of new tokens for each: ``min_new_tokens == max_new_tokens``, no eos;
 * ``--repeats`` (3) timed runs per implementation, in alternating order (ABAB..., then
   BABA..), the median reported;
-* a per-step profile beside the table: host ms per decode step (the time for the Python
-  of one step to return, before the GPU is waited on) and wall ms per step, eager path;
+* a per-step profile beside the table, from inside ``generate`` (eager path): the attention
+  call's host µs per layer, kernel launches and host syncs per step, kernels per layer, GPU
+  busy ms per step (torch.profiler), beside the timed runs' ms per step;
 * FA4 compiles during the timed runs (``fa4cache.stats()``; target 0) and torch.compile
   frames compiled then;
 * teacher-forced logits against sdpa's own full forward, beside sdpa's own incremental
@@ -173,7 +174,9 @@ def run_once(path: str, model: Any, ids: Any, mask: Any, new: int) -> tuple[floa
 
         cfg = GenerationConfig(**{**gen_kwargs(new), "eos_token_id": -1})
         rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        secs, out = timed(lambda: model.generate_batch(inputs=rows, generation_config=cfg, progress_bar=False))
+        secs, out = timed(
+            lambda: model.generate_batch(inputs=rows, generation_config=cfg, progress_bar=False)
+        )
         return secs, sum(min(len(r.generated_tokens), new) for r in out.values())
     kw = {"attention_mask": mask, **gen_kwargs(new)}
     if path == "static_compiled":
@@ -182,29 +185,73 @@ def run_once(path: str, model: Any, ids: Any, mask: Any, new: int) -> tuple[floa
     return secs, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
 
-def host_profile(model: Any, ids: Any, mask: Any, steps: int = 6) -> dict[str, float]:
-    """Eager decode steps over a dynamic cache after the prompt: host ms (until the forward
-    returns, the GPU not waited on) and wall ms (GPU done), medians."""
-    import torch
-    from transformers import DynamicCache
+SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
-    host, wall = [], []
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache})
-        tok = out.logits[:, -1:].argmax(-1)
-        for _ in range(steps):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = mask.sum(-1, keepdim=True) - 1
-            sync()
-            t0 = time.perf_counter()
-            out = model(input_ids=tok, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache})
-            host.append(time.perf_counter() - t0)
-            tok = out.logits[:, -1:].argmax(-1)
-            sync()
-            wall.append(time.perf_counter() - t0)
-    return {"host_ms_per_step": statistics.median(host[1:]) * 1e3, "wall_ms_per_step": statistics.median(wall[1:]) * 1e3}
+
+def timed_attention(impl: str) -> tuple[list[float], Any]:
+    """Time every call of ``impl``'s registered attention function (host seconds, no sync):
+    (the list they go in, a function that unwraps it again)."""
+    from transformers import AttentionInterface
+
+    registry = AttentionInterface._global_mapping
+    fn = registry[impl]
+    times: list[float] = []
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        r = fn(*a, **k)
+        times.append(time.perf_counter() - t0)
+        return r
+
+    registry[impl] = timed
+    return times, lambda: registry.__setitem__(impl, fn)
+
+
+def step_profile(model: Any, impl: str, ids: Any, mask: Any, new: int) -> dict[str, float]:
+    """Inside steady-state ``generate`` calls of ``new`` tokens (eager, dynamic cache), per
+    decode step: the attention call's host µs per layer (its function timed, the prefill's
+    calls left out), and from torch.profiler over a whole call: kernel launches, kernels per
+    layer, host syncs, GPU busy ms and wall ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    layers = model.config.num_hidden_layers
+    times, undo = timed_attention(impl)
+    try:
+        run_once("generate", model, ids, mask, new)
+    finally:
+        undo()
+    attn = times[layers:]
+    cuda = torch.cuda.is_available() and ids.is_cuda
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        run_once("generate", model, ids, mask, new)
+        wall = time.perf_counter() - t0
+    launches = syncs = kernels = 0
+    gpu_us = 0.0
+    for e in prof.key_averages():
+        if e.key in LAUNCH_NAMES:
+            launches += e.count
+        elif e.key in SYNC_NAMES:
+            syncs += e.count
+    if cuda:
+        for e in prof.events():
+            name = e.name.lower()
+            if (
+                e.device_type == torch.autograd.DeviceType.CUDA
+                and "memcpy" not in name
+                and "memset" not in name
+            ):
+                kernels += 1
+                gpu_us += e.device_time
+    return {
+        "attention_host_us_per_layer": statistics.median(attn) * 1e6 if attn else float("nan"),
+        "launches_per_step": launches / new, "kernels_per_layer": kernels / new / layers,
+        "syncs_per_step": syncs / new, "gpu_busy_ms_per_step": gpu_us / new / 1e3, "wall_ms_per_step": wall / new * 1e3,
+    }  # fmt: skip
 
 
 def logits_error(models: dict[str, Any], ids: Any, mask: Any, steps: int = 8) -> dict[str, float]:
@@ -219,7 +266,9 @@ def logits_error(models: dict[str, Any], ids: Any, mask: Any, steps: int = 8) ->
     full_mask = torch.cat([mask, torch.ones_like(follow)], 1)
     with torch.no_grad():
         pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        want = models[ANCHOR](input_ids=full_ids, attention_mask=full_mask, position_ids=pos).logits[:, -steps:]
+        want = models[ANCHOR](input_ids=full_ids, attention_mask=full_mask, position_ids=pos).logits[
+            :, -steps:
+        ]
         errs = {}
         for impl, m in models.items():
             cache = DynamicCache(config=m.config)
@@ -274,6 +323,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median)")
     p.add_argument("--impls", nargs="*", default=["fa4cache", "sdpa", "flash_attention_4"])
     p.add_argument("--qwen-layers", type=int, default=4)
+    p.add_argument("--profile-new", type=int, default=32,
+                   help="new tokens of the per-step profile's runs (eager generate jobs; 0: none)")  # fmt: skip
     p.add_argument("--device", default="cuda")
     p.add_argument("--shape", choices=["tiny"], default=None, help="every job on this shape (CPU check)")
     p.add_argument("--name", default="generation_h200", help="results file name")
@@ -305,7 +356,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.manual_seed(0)  # the same weights for every implementation
             with torch.device(a.device):
                 m = AutoModelForCausalLM.from_config(
-                    copy.deepcopy(config(shape, a.qwen_layers)), attn_implementation=impl, dtype=torch.bfloat16
+                    copy.deepcopy(config(shape, a.qwen_layers)),
+                    attn_implementation=impl,
+                    dtype=torch.bfloat16,
                 )
             models[shape, impl] = m.eval()
         return models[shape, impl]
@@ -362,16 +415,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             results[impl]["tokens"] = tokens
                     job["fa4_compiles_timed"] = compiles(store) - before["fa4"]
                     job["dynamo_graphs_timed"] = dynamo_frames() - before["dynamo"]
-                    if path == "generate" and (shape, "fa4cache") in models:
-                        pb = min(B, 8)
+                    if path == "generate" and a.profile_new:
                         for impl in live:
-                            data["profile"][f"{shape}:{impl}:{pb}:{P}"] = host_profile(
-                                model(shape, impl), ids[:pb], mask[:pb]
-                            )
+                            data["profile"][f"{shape}:{impl}:{B}:{P}"] = {
+                                "ms_per_step_timed": statistics.median(results[impl]["times"]) / a.new * 1e3,
+                                **step_profile(model(shape, impl), impl, ids, mask, a.profile_new),
+                            }
                     if ANCHOR in live and shape not in data["logits"] and len(live) > 1:
                         lb = min(B, 8)
                         data["logits"][shape] = logits_error(
-                            {i: model(shape, i) for i in live}, ids[:lb, -min(P, 256):], mask[:lb, -min(P, 256):]
+                            {i: model(shape, i) for i in live},
+                            ids[:lb, -min(P, 256) :],
+                            mask[:lb, -min(P, 256) :],
                         )
             except Stop:
                 job["error"] = "stopped: SIGTERM (time limit)"
@@ -432,9 +487,7 @@ def _save(a: Any, data: dict[str, Any]) -> None:
             r.get("fa4_compiles_timed", ""),
             "; ".join(x for x in (errs, r.get("error", "")) if x),
         ])  # fmt: skip
-    prof = [
-        [k, f"{v['host_ms_per_step']:.2f}", f"{v['wall_ms_per_step']:.2f}"] for k, v in data["profile"].items()
-    ]
+    prof = [[k, *(round(x, 2) for x in v.values())] for k, v in data["profile"].items()]
     logit_rows = [
         [s, *(f"{e.get(i, float('nan')):.3f}" for i in ("fa4cache", ANCHOR, "flash_attention_4"))]
         for s, e in data["logits"].items()
@@ -448,17 +501,48 @@ def _save(a: Any, data: dict[str, Any]) -> None:
         [
             (
                 "Tokens/s (whole run, prefill included; ratio over sdpa on the same path)",
-                table(["path", "model", "B", "prompt", "new", "fa4cache tok/s", "sdpa tok/s", "fa4cache / sdpa",
-                       "flash_attention_4 tok/s", "FA4 compiles (timed)", "error"], rows),  # fmt: skip
+                table(
+                    [
+                        "path",
+                        "model",
+                        "B",
+                        "prompt",
+                        "new",
+                        "fa4cache tok/s",
+                        "sdpa tok/s",
+                        "fa4cache / sdpa",
+                        "flash_attention_4 tok/s",
+                        "FA4 compiles (timed)",
+                        "error",
+                    ],
+                    rows,
+                ),  # fmt: skip
             ),
             (
-                "Per decode step, eager generate (dynamic cache; model:impl:B:prompt): host ms until the "
-                "forward returns, wall ms until the GPU is done",
-                table(["run", "host ms/step", "wall ms/step"], prof) if prof else "n/a",
+                f"Per decode step inside eager generate (dynamic cache; model:impl:B:prompt; the timed runs' "
+                f"ms/step, then one run of {a.profile_new} tokens timed per attention call and one under "
+                "torch.profiler)",
+                table(
+                    [
+                        "run",
+                        "ms/step (timed runs)",
+                        "attention host µs/layer",
+                        "launches/step",
+                        "kernels/layer",
+                        "syncs/step",
+                        "GPU busy ms/step",
+                        "wall ms/step (profiled)",
+                    ],
+                    prof,
+                )
+                if prof
+                else "n/a",  # fmt: skip
             ),
             (
                 "Teacher-forced logits: max |error| against sdpa's full forward (sdpa's own column is its noise)",
-                table(["model", "fa4cache", "sdpa (noise)", "flash_attention_4"], logit_rows) if logit_rows else "n/a",
+                table(["model", "fa4cache", "sdpa (noise)", "flash_attention_4"], logit_rows)
+                if logit_rows
+                else "n/a",
             ),
             (
                 "FA4 kernels compiled during the timed runs (target 0)",

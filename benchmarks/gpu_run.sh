@@ -13,7 +13,9 @@
 #   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
 #   PART=generation  generate / generate_batch on FA4: tests/gpu/test_gpu_generation.py + bench_generation.py
 #                (GENERATION_BUDGET seconds, default 180; GENERATION_TESTS=0: no tests;
-#                GENERATION_ARGS: the benchmark's options)
+#                GENERATION_ARGS: the benchmark's options; GENERATION_BENCH=0: tests only)
+#   TRANSFORMERS_WHEEL=path/to/transformers-X.whl (relative to the repo): every part on that transformers
+#   PART=profile  where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -39,6 +41,13 @@ if [ -f /opt/raystage/ray.part1 ] && ls "$repo"/.gpu/ray2/ray.part* >/dev/null 2
   python3 -m pip install -q --no-index --no-deps --target /opt/raysite "$whl" "$repo"/.gpu/ray2/*.whl 2>&1 | tail -3 | tee -a "$out/run.log"
 fi
 export PYTHONPATH=$site:/opt/raysite:${PYTHONPATH:-}
+if [ -n "${TRANSFORMERS_WHEEL:-}" ]; then
+  # Another transformers than the image's (5.17), e.g. 5.24 (pure Python; carried as a wheel).
+  rm -rf /opt/tfsite && python3 -m pip install -q --no-index --no-deps --target /opt/tfsite "$repo/$TRANSFORMERS_WHEEL" || exit 3
+  export PYTHONPATH=/opt/tfsite:$PYTHONPATH
+fi
+tfver=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
+echo "transformers $tfver" | tee -a "$out/run.log"
 cd "$repo"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$out/run.log"
 if has tests || has fuzz; then
@@ -87,14 +96,21 @@ if has generation; then
   # GENERATION_TESTS_TIMEOUT, default 200 s); GENERATION_ARGS: more benchmark options.
   if [ "${GENERATION_TESTS:-1}" != 0 ]; then
     (cd /tmp && timeout ${GENERATION_TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-       -o addopts="" -m gpu --durations=8 ${GENERATION_TESTS_K:+-k "$GENERATION_TESTS_K"} "$repo/tests/gpu/test_gpu_generation.py" > "$res/gpu_generation_tests.log" 2>&1)
-    grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests.log" | head -40 | tee -a "$out/run.log"
+       -o addopts="" -m gpu --durations=8 ${GENERATION_TESTS_K:+-k "$GENERATION_TESTS_K"} "$repo/tests/gpu/test_gpu_generation.py" > "$res/gpu_generation_tests_tf$tfver.log" 2>&1)
+    grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests_tf$tfver.log" | head -40 | tee -a "$out/run.log"
   fi
   # The benchmark keeps to its budget and writes each row as it finishes; the timeout is a
   # backstop (on SIGTERM it writes its table and exits).
-  gbudget=${GENERATION_BUDGET:-180}
+  if [ "${GENERATION_BENCH:-1}" != 0 ]; then
+    gbudget=${GENERATION_BUDGET:-180}
+    # shellcheck disable=SC2086
+    timeout $(( gbudget + 90 )) python3 benchmarks/bench_generation.py --budget "$gbudget" ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
+  fi
+fi
+if has profile; then
+  # Where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS: its options).
   # shellcheck disable=SC2086
-  timeout $(( gbudget + 90 )) python3 benchmarks/bench_generation.py --budget "$gbudget" ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
+  timeout ${PROFILE_TIMEOUT:-300} python3 benchmarks/profile_decode.py ${PROFILE_ARGS:-} 2>&1 | grep -v Warning | tail -150 | tee -a "$out/run.log"
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"

@@ -202,8 +202,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_EXPECT_WARM", parse_choice("0", "1", "warn", "error"), "0", "`1`/`warn`: every "
             "kernel compile is a warning naming the kernel and why it missed (zero JIT after warm-up); "
             "`error`: it raises `UnexpectedCompile` instead (also `with fa4cache.expect_warm():`)"),
-    Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata with PyTorch ops "
-            "instead of the fused Triton kernels"),
+    Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata and a decode "
+            "step's key ranges with PyTorch ops instead of the fused Triton kernels"),
+    Setting("FA4CACHE_LAUNCH_PLANS", parse_flag, True, "`0`: FA4 plans every KV-cache attention call "
+            "itself (by default a call whose kind it planned before replays that launch: "
+            "fa4cache.ops.launch_plans)", job=False),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SETTINGS}
 ENV_DIR = BY_NAME["FA4CACHE_DIR"].name

@@ -31,12 +31,26 @@ from __future__ import annotations
 
 from typing import Any
 
+_ONE_RUN = (
+    "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
+    "(left padding; no gaps, no right padding)"
+)
+
 
 def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     """FA4's forward (a seam: the CPU tests put the FA4 stand-in here)."""
     from flash_attn.cute import interface as fi
 
     return fi._flash_attn_fwd(q, k, v, **kwargs)[0]
+
+
+def _launch(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    """A KV-cache call's FA4 launch: replayed from its plan after the first call of its kind
+    (:mod:`.launch_plans`: FA4's own planning is most of a decode call's host time), else
+    :func:`_fa4_forward`. Writes and returns ``kwargs["out"]``."""
+    from . import launch_plans
+
+    return launch_plans.forward(_fa4_forward, q, k, v, **kwargs)
 
 
 def key_ranges(attention_mask: Any, position_ids: Any, batch: int, *, check: bool = True) -> tuple[Any, Any]:
@@ -55,11 +69,7 @@ def key_ranges(attention_mask: Any, position_ids: Any, batch: int, *, check: boo
     if check:
         slot = torch.arange(m.shape[1], device=m.device)
         run = (slot >= start[:, None]) & (slot < (start + count)[:, None])
-        torch._assert_async(
-            (run == m.to(torch.bool)).all(),
-            "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
-            "(left padding; no gaps, no right padding)",
-        )
+        torch._assert_async((run == m.to(torch.bool)).all(), _ONE_RUN)
     return start, count
 
 
@@ -71,16 +81,57 @@ def _sequences(
     decode step, where each launch costs about as much as the work: kept few."""
     import torch
 
+    if _triton_ranges(attention_mask):
+        return key_ranges_triton(attention_mask, batch, heads_kv, keys, check=check)
     start, count = key_ranges(attention_mask, position_ids, batch, check=check)
     if attention_mask is None or attention_mask.shape[1] > keys:
         # Without a mask (or one wider than the keys), a sliding cache holds fewer than all
         # tokens so far; a mask as wide as the keys bounds its run itself.
-        count = torch.minimum(count, keys - start)
+        count = torch.minimum(count, keys - start).clamp_(min=0)
     cu = torch.arange(0, (batch * heads_kv + 1) * keys, keys, device=start.device, dtype=torch.int32)
     # Each row's value for each of its KV heads (an expand: no output size to read back).
     cu[:-1] += start[:, None].expand(batch, heads_kv).reshape(-1)
     # FA4 asserts dense offsets: at batch 1 the reshape of an expand is a stride-0 view.
     return cu, count[:, None].expand(batch, heads_kv).reshape(-1).contiguous()
+
+
+def _triton_ranges(attention_mask: Any) -> bool:
+    """Whether a step's mask gets its key ranges from the one-launch Triton kernel: a real
+    CUDA tensor (the first layer's dozen small PyTorch ops cost ~250 µs of host time on an
+    H200 host, a decode step's whole attention budget), unless ``FA4CACHE_TRITON=0``."""
+    import torch
+
+    if attention_mask is None or type(attention_mask) is not torch.Tensor or not attention_mask.is_cuda:
+        return False
+    from fa4cache.settings import setting
+
+    return bool(setting("FA4CACHE_TRITON"))
+
+
+def key_ranges_triton(
+    attention_mask: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
+) -> tuple[Any, Any]:
+    """:func:`_sequences` for a 2-D mask, in one Triton launch (the same values as the PyTorch
+    form; a mask that is not one run per row is refused on the device as there)."""
+    import torch
+    import triton
+
+    from . import key_ranges_triton as kernels
+
+    n = batch * heads_kv
+    dev = attention_mask.device
+    cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
+    used = torch.empty(n, dtype=torch.int32, device=dev)
+    ok = torch.empty(batch if check else 1, dtype=torch.int32, device=dev)
+    width = attention_mask.shape[1]
+    kernels.key_ranges[(batch,)](
+        attention_mask, *attention_mask.stride(), width, keys, heads_kv, cu, used, ok, n,
+        CHECK=check, BLOCK=min(kernels.BLOCK, triton.next_power_of_2(max(width, 16))),
+        HEADS=triton.next_power_of_2(heads_kv),
+    )  # fmt: skip
+    if check:
+        torch._assert_async(ok.all(), _ONE_RUN)
+    return cu, used
 
 
 # The step's (cu_seqlens_k, seqused_k), shared by the layers of one decode step: key ->
@@ -166,15 +217,15 @@ def forward(
     # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
-    extra = {"out": result.view(n, 1, g, Dv)} if result is not None else {}
-    out = _fa4_forward(
+    buf = result.view(n, 1, g, Dv) if result is not None else query.new_empty(n, Tq, g, Dv)
+    _launch(
         q, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_q=Tq, max_seqlen_k=Tk,
         softmax_scale=softmax_scale, causal=causal, softcap=softcap,
-        window_size_left=window, window_size_right=0 if window is not None else None, **extra,
+        window_size_left=window, window_size_right=0 if window is not None else None, out=buf,
     )  # fmt: skip
     if result is not None:
         return result
-    return out.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
+    return buf.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
 
 
 def varlen_forward(

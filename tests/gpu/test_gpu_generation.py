@@ -23,7 +23,6 @@ pytestmark = pytest.mark.gpu
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", "0"))
 
 
-
 def _rel(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
@@ -90,7 +89,9 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
     outs = []
     with torch.no_grad():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        outs.append(model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache}).logits)
+        outs.append(
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_kwarg(): cache}).logits
+        )
         for t in range(follow.shape[1]):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = mask.sum(-1, keepdim=True) - 1
@@ -107,8 +108,8 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
 
 @pytest.fixture
 def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The adapter registered; counts the KV-cache op's Python calls (a CUDA-graph replay
-    makes none)."""
+    """The adapter registered; counts the KV-cache op's Python launches of FA4 (replayed or
+    planned; a CUDA-graph replay makes none)."""
     from fa4cache.adapters import transformers as fht
 
     from fa4cache.ops import kv_cache
@@ -116,13 +117,23 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
     fht.register()
     fht._warned.clear()
     calls = {"n": 0}
-    real = kv_cache._fa4_forward
+    inside = [0]
+    real_launch, real_fa4 = kv_cache._launch, kv_cache._fa4_forward
 
-    def counting(*a: Any, **kw: Any) -> Any:
+    def launch(*a: Any, **kw: Any) -> Any:  # a KV-cache step's launch (replayed or planned)
         calls["n"] += 1
-        return real(*a, **kw)
+        inside[0] += 1
+        try:
+            return real_launch(*a, **kw)
+        finally:
+            inside[0] -= 1
 
-    monkeypatch.setattr(kv_cache, "_fa4_forward", counting)
+    def fa4(*a: Any, **kw: Any) -> Any:  # continuous batching's, and paged decode's
+        calls["n"] += inside[0] == 0
+        return real_fa4(*a, **kw)
+
+    monkeypatch.setattr(kv_cache, "_launch", launch)
+    monkeypatch.setattr(kv_cache, "_fa4_forward", fa4)
     return calls
 
 
@@ -352,3 +363,67 @@ def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) ->
         assert tokens[:48] == want, (len(p), tokens, want)
     assert seen["n"] > 0
     assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
+
+
+def test_replayed_decode_launches_equal_fa4s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fa4cache.ops.launch_plans: after the first call of a kind, a KV-cache step replays FA4's
+    # launch without FA4's planning. Random decode shapes, the key count changing between
+    # calls: bitwise the output FA4 planning every call gives, and FA4 planned once per kind.
+    import torch
+
+    import fa4cache
+    from fa4cache.ops import kv_cache, launch_plans
+
+    fa4cache.install()
+    print(f"FA4CACHE_FUZZ_SEED={SEED}")
+    rng = random.Random(SEED + 7)
+    planned = {"n": 0}
+    real = kv_cache._fa4_forward
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        planned["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kv_cache, "_fa4_forward", counting)
+    assert launch_plans.enabled(), "this FA4's sources are not verified: no plans to test"
+    for case in range(12):
+        B, Hkv = rng.choice([1, 3, 32]), rng.choice([1, 2, 4])
+        g, D = rng.choice([1, 4, 5]), rng.choice([64, 128])
+        window = rng.choice([None, rng.randint(1, 300)])
+        softcap = rng.choice([0.0, 20.0])
+        launch_plans.clear()
+        planned["n"] = 0
+        for step in range(4):
+            Tk = rng.randint(1, 3000)
+            q = torch.randn(B, Hkv * g, 1, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, Hkv, Tk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            mask = torch.ones(B, Tk, dtype=torch.long, device="cuda")
+            for b in range(1, B):
+                mask[b, : rng.randrange(0, Tk)] = 0
+            args = (q, k, v, mask, None, True, window, D**-0.5, softcap)
+            got = kv_cache.forward(*args)
+            monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+            want = kv_cache.forward(*args)
+            monkeypatch.delenv("FA4CACHE_LAUNCH_PLANS")
+            assert torch.equal(got, want), (SEED, case, step, B, Hkv, g, D, Tk, window, softcap)
+        # One planned call for the kind; every other planned-off call runs FA4 whole.
+        assert planned["n"] == 1 + 4, (SEED, case, planned)
+
+
+def test_triton_key_ranges_equal_the_pytorch_form_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from fa4cache.ops import kv_cache
+    from tests.unit.test_key_ranges_triton import draw
+
+    print(f"FA4CACHE_FUZZ_SEED={SEED}")
+    rng = random.Random(SEED + 11)
+    for case in range(60):
+        mask, heads_kv, keys, one_run, what = draw(rng)
+        mask = mask.cuda()
+        B = mask.shape[0]
+        monkeypatch.setenv("FA4CACHE_TRITON", "0")
+        want = kv_cache._sequences(mask, None, B, heads_kv, keys, check=False)
+        monkeypatch.delenv("FA4CACHE_TRITON")
+        got = kv_cache._sequences(mask, None, B, heads_kv, keys, check=False)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (SEED, case, what)

@@ -53,7 +53,10 @@ def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does
     monkeypatch.setattr(bench, "run_once", spy)
     argv = [*TINY, "--new", "5", "--budget", "600", "--jobs", "generate:x:2:12", "generate:x:3:8"]
     data = bench.main(argv)
-    assert [(r["path"], r["batch"], r["prompt"]) for r in data["rows"]] == [("generate", 2, 12), ("generate", 3, 8)]
+    assert [(r["path"], r["batch"], r["prompt"]) for r in data["rows"]] == [
+        ("generate", 2, 12),
+        ("generate", 3, 8),
+    ]
     for r in data["rows"]:
         assert "error" not in r, r
         assert r["impls"]["flash_attention_4"]["error"], r
@@ -67,14 +70,19 @@ def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does
     assert {t for _, t in calls[:7]} == {10}
     err = data["logits"]["tiny"]
     assert err["fa4cache"] <= 4 * err["sdpa"] + 0.05, err  # bf16: within sdpa's own noise
-    assert any(k.startswith("tiny:fa4cache") for k in data["profile"])
+    for impl in ("fa4cache", "sdpa"):  # the per-step profile, from inside generate
+        prof = data["profile"][f"tiny:{impl}:2:12"]
+        assert prof["attention_host_us_per_layer"] > 0 and prof["ms_per_step_timed"] > 0, prof
+        assert prof["wall_ms_per_step"] > 0 and prof["syncs_per_step"] >= 0, prof
     saved = json.loads((tmp_path / "results" / "gen.json").read_text())
     assert len(saved["rows"]) == 2
     md = (tmp_path / "results" / "gen.md").read_text()
-    assert "| generate | tiny  | 2 | 12     | 5   |" in md and "host ms/step" in md
+    assert "| generate | tiny  | 2 | 12     | 5   |" in md and "attention host µs/layer" in md
 
 
-def test_generate_batch_and_the_static_path_run_and_the_budget_cuts_the_rest(bench: Any, tmp_path: Any) -> None:
+def test_generate_batch_and_the_static_path_run_and_the_budget_cuts_the_rest(
+    bench: Any, tmp_path: Any
+) -> None:
     # generate_batch (sdpa left out: seconds per call on the CPU); the static path with
     # transformers' compile is not run on the CPU (inductor), only its rows' budget skip.
     argv = [*TINY, "--new", "4", "--budget", "600", "--impls", "fa4cache", "--warm", "1", "--repeats", "1",

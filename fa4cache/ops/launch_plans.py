@@ -1,0 +1,316 @@
+"""FA4 decode launches without FA4's per-call planning.
+
+FA4's ``_flash_attn_fwd`` spends about 70 µs of Python on an H200 host choosing a kernel
+and its arguments; the launch itself takes about 9 µs
+(``benchmarks/results/decode_profile_h200.md``). Eager decoding calls it once per layer
+and step, on the host's critical path, with the same choice every time.
+
+A *family* of calls is every fact FA4 plans from (each tensor's shape, strides, dtype,
+device and grad flag, every scalar argument, the FA4 settings it reads at call time)
+except one: the number of keys (the first dimension of ``k``/``v``, ``max_seqlen_k``),
+which grows by one at every decode step. The first call of a family runs FA4 whole, its
+compile cache observed: the key it looked up, the compiled function and the arguments it
+called it with. If those arguments are the call's own tensors and constants, that is the
+family's plan: later calls give the compiled function their own tensors in the same
+places. Otherwise the family runs FA4 whole, always.
+
+Sound only if FA4 chooses neither the kernel nor any argument by the key count for the
+calls :mod:`.kv_cache` makes (dense queries, ``cu_seqlens_k``/``seqused_k``, an output
+buffer, ``num_splits`` 1; no mask_mod, score_mod, block sparsity or page table). Read in
+FA4's source, and checked by ``tests/unit/test_launch_plans.py`` against FA4's own planning
+over random shapes at sm_90 and sm_100: plans are made only for the FA4 sources that check
+ran on (:data:`VERIFIED_FA4_SOURCES`, by :func:`fa4cache.fingerprint.fa4_source_digest`).
+Any other FA4 is planned by FA4 at every call. ``FA4CACHE_LAUNCH_PLANS=0`` turns plans off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# fa4cache.fingerprint.fa4_source_digest() of the FA4 releases whose planning was checked
+# to ignore the key count on these calls (tests/unit/test_launch_plans.py).
+VERIFIED_FA4_SOURCES = frozenset(
+    {
+        "e4396f5351a9ac6392338500ec58bb19f4c511a697999efcf7fe13084ef764e3",  # flash-attn-4 4.0.0b36
+    }
+)
+# Families kept (a process decodes with a few: one per layer kind and batch shape).
+MAX_PLANS = 256
+
+# The call's tensors, in the order a plan's slots index them, and its scalars (all of them
+# in a family but max_seqlen_k, the key count).
+TENSORS = ("q", "k", "v", "out", "cu_seqlens_k", "seqused_k")
+SCALARS = ("max_seqlen_q", "softmax_scale", "causal", "softcap", "window_size_left", "window_size_right")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One family's launch: ``fn`` (looked up in ``cache`` under ``key`` at each call, so
+    that a cleared cache is noticed) called with ``slots`` (an index into :data:`TENSORS`
+    per argument, None for the constant at that place in ``constants``)."""
+
+    cache: Any
+    key: Any
+    slots: tuple[int | None, ...]
+    constants: tuple[Any, ...]
+
+    def arguments(self, tensors: tuple[Any, ...]) -> list[Any]:
+        return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
+
+
+_NOT_PLANNED = object()  # a family seen whose call is no plan (FA4 runs whole)
+_plans: dict[tuple[Any, ...], Any] = {}
+_capture_lock = threading.Lock()
+_verified: list[bool] = []  # [whether the installed FA4's sources are verified], once a process
+
+
+def _meta(t: Any) -> tuple[Any, ...]:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _meta_but_count(t: Any) -> tuple[Any, ...]:
+    # The key count is dimension 0; its stride does not depend on it (a dense [tokens, h, d]).
+    return (tuple(t.shape[1:]), t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def fa4_settings(fi: Any) -> tuple[Any, ...]:
+    """What FA4 reads besides its arguments when it plans a forward call: the device arch,
+    its scheduler/2-CTA/ping-pong switches and the SM-count override."""
+    u = fi.utils
+    return (
+        fi._get_device_arch(),
+        u._get_use_clc_scheduler_default(),
+        u._get_disable_2cta_default(is_fwd=True),
+        u._get_disable_s_ping_pong_default(),
+        os.environ.get("FLASH_ATTENTION_NUM_SMS"),
+    )
+
+
+def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple[Any, ...]:
+    q, k, v, out, cu, used = tensors
+    return (
+        _meta(q), _meta_but_count(k), _meta_but_count(v), _meta(out), _meta(cu), _meta(used),
+        scalars, fa4_settings(fi), id(fi._flash_attn_fwd),
+    )  # fmt: skip
+
+
+def enabled() -> bool:
+    from fa4cache.settings import setting
+
+    if not setting("FA4CACHE_LAUNCH_PLANS"):
+        return False
+    if not _verified:
+        from fa4cache.fingerprint import fa4_source_digest
+
+        digest = fa4_source_digest()
+        _verified.append(digest in VERIFIED_FA4_SOURCES)
+        if not _verified[0]:
+            log.info(
+                "fa4cache: FA4 plans every decode call itself (its sources, digest %s, are not ones "
+                "whose planning fa4cache checked)", digest[:16],
+            )  # fmt: skip
+    return _verified[0]
+
+
+def _plain(tensors: tuple[Any, ...]) -> bool:
+    """Real CUDA tensors that need no gradient, and at least one key (FA4 returns early on
+    none, without a launch)."""
+    import torch
+
+    for t in tensors:
+        if type(t) is not torch.Tensor or not t.is_cuda or t.requires_grad:
+            return False
+    return tensors[1].shape[0] > 0
+
+
+class _Observed:
+    """FA4's compile cache as one thread's call sees it: the key it takes a kernel under and
+    the arguments it calls the kernel with are recorded; every other thread, and every
+    other use, goes straight through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.thread = threading.get_ident()
+        self.calls: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.inner
+
+    def __getitem__(self, key: Any) -> Any:
+        fn = self.inner[key]
+        if threading.get_ident() != self.thread:
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((key, fn, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return call
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self.inner[key] = fn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def observe(
+    entry: Any, run: Callable[[], Any]
+) -> tuple[Any, list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]]:
+    """``run()`` with ``entry``'s (FA4's ``_flash_attn_fwd``) compile cache observed:
+    (its result, the kernel calls it made: key, function, arguments)."""
+    inner = entry.compile_cache
+    seen = _Observed(inner)
+    entry.compile_cache = seen
+    try:
+        result = run()
+    finally:
+        entry.compile_cache = inner
+    return result, seen.calls
+
+
+def _holds_tensor(obj: Any, depth: int = 0) -> bool:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth > 4:
+        return True  # too deep to tell: not a plan
+    if isinstance(obj, (tuple, list)):
+        return any(_holds_tensor(x, depth + 1) for x in obj)
+    if isinstance(obj, dict):
+        return any(_holds_tensor(x, depth + 1) for x in obj.values())
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return False
+    fields = getattr(obj, "__dict__", None)
+    return fields is not None and any(_holds_tensor(x, depth + 1) for x in fields.values())
+
+
+def _same_tensor(a: Any, t: Any) -> bool:
+    import torch
+
+    return (
+        torch._C._is_alias_of(a, t)
+        and a.shape == t.shape
+        and a.stride() == t.stride()
+        and a.storage_offset() == t.storage_offset()
+        and a.dtype == t.dtype
+    )
+
+
+def plan_of(
+    cache: Any, calls: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]], tensors: tuple[Any, ...]
+) -> Plan | None:
+    """The plan one observed FA4 call makes: one kernel call, positional, whose tensors are
+    all the call's own (None otherwise: FA4 made a tensor of its own, or called more than
+    one kernel)."""
+    import torch
+
+    if len(calls) != 1:
+        return None
+    key, _fn, args, kwargs = calls[0]
+    if kwargs:
+        return None
+    slots: list[int | None] = []
+    constants: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            match = next((i for i, t in enumerate(tensors) if _same_tensor(a, t)), None)
+            if match is None:
+                return None
+            slots.append(match)
+            constants.append(None)
+        elif _holds_tensor(a):
+            return None
+        else:
+            slots.append(None)
+            constants.append(a)
+    return Plan(cache, key, tuple(slots), tuple(constants))
+
+
+def forward(
+    run_whole: Callable[..., Any],
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    out: Any,
+    cu_seqlens_k: Any,
+    seqused_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    softcap: float,
+    window_size_left: int | None,
+    window_size_right: int | None,
+) -> Any:
+    """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
+    family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a stand-in)."""
+    kwargs = {
+        "cu_seqlens_k": cu_seqlens_k, "seqused_k": seqused_k, "max_seqlen_q": max_seqlen_q,
+        "max_seqlen_k": max_seqlen_k, "softmax_scale": softmax_scale, "causal": causal, "softcap": softcap,
+        "window_size_left": window_size_left, "window_size_right": window_size_right, "out": out,
+    }  # fmt: skip
+    tensors = (q, k, v, out, cu_seqlens_k, seqused_k)
+    if not _plain(tensors) or not enabled():
+        return run_whole(q, k, v, **kwargs)
+    import sys
+
+    fi = sys.modules.get("flash_attn.cute.interface")
+    if fi is None:
+        return run_whole(q, k, v, **kwargs)
+    return replay_or_plan(fi, run_whole, tensors, kwargs)
+
+
+def replay_or_plan(
+    fi: Any, run_whole: Callable[..., Any], tensors: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:func:`forward` once it is known to apply (FA4's interface module ``fi``): the
+    family's plan replayed, or FA4 run whole (observed, to make the plan)."""
+    q, k, v, out = tensors[:4]
+    scalars = tuple(kwargs[n] for n in SCALARS)
+    fam = family(fi, tensors, scalars)
+    plan = _plans.get(fam)
+    if isinstance(plan, Plan):
+        cache = fi._flash_attn_fwd.compile_cache
+        kernels = getattr(cache, "cache", None)
+        fn = kernels.get(plan.key) if cache is plan.cache and isinstance(kernels, dict) else None
+        if fn is not None:
+            if hasattr(cache, "memory_hits"):
+                cache.memory_hits += 1  # as FA4's own lookup counts it (fa4cache stats)
+            fn(*plan.arguments(tensors))
+            return out
+        _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
+    elif plan is _NOT_PLANNED:
+        return run_whole(q, k, v, **kwargs)
+    if not _capture_lock.acquire(blocking=False):
+        return run_whole(q, k, v, **kwargs)  # another thread is planning: no waiting behind its compile
+    try:
+        entry = fi._flash_attn_fwd
+        cache = entry.compile_cache
+        result, calls = observe(entry, lambda: run_whole(q, k, v, **kwargs))
+        made = plan_of(cache, calls, tensors)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[fam] = made if made is not None else _NOT_PLANNED
+        if made is None:
+            log.debug(
+                "fa4cache: an FA4 decode call is no plan (%d kernel calls); FA4 plans it every time",
+                len(calls),
+            )
+    finally:
+        _capture_lock.release()
+    return result
+
+
+def clear() -> None:
+    """Forget every plan (the next call of each family is planned by FA4 again)."""
+    _plans.clear()

@@ -1,0 +1,267 @@
+"""Launch plans (fa4cache/ops/launch_plans.py) against FA4's own planning.
+
+FA4's real ``_flash_attn_fwd`` plans each call here on fake CUDA tensors (FakeTensorMode),
+with its "is this fake?" answered no, so that it goes on to call the kernel: the compile
+cache hands it a recorder instead, which keeps the key and the arguments. No kernel is
+compiled or run. Random decode shapes at sm_90 and sm_100 (the seed is printed):
+
+* the claim plans rest on: for a family (every fact but the key count), FA4 takes the same
+  kernel with the same arguments at any key count;
+* a replayed call hands the kernel exactly what FA4 itself would have, at a new key count;
+* what must not replay does not: another FA4 setting, a cleared cache, a call FA4 makes
+  tensors for, an FA4 whose sources were not checked, ``FA4CACHE_LAUNCH_PLANS=0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+fi = pytest.importorskip("flash_attn.cute.interface")
+
+from fa4cache.fingerprint import fa4_source_digest  # noqa: E402
+from fa4cache.ops import launch_plans as lp  # noqa: E402
+
+SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+
+
+class Recorder:
+    """A compile cache holding every key: its kernels record the arguments they get."""
+
+    def __init__(self) -> None:
+        self.cache: dict[Any, Any] = {}
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __contains__(self, key: Any) -> bool:
+        if key not in self.cache:
+            self.cache[key] = lambda *args: self.calls.append((key, args))
+        return True
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.cache[key]
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        raise AssertionError("nothing compiles in these tests")
+
+
+@pytest.fixture
+def fa4(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """FA4's forward planning for real, its kernels recorded; plans forgotten between tests."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rec = Recorder()
+    monkeypatch.setattr(fi._flash_attn_fwd, "compile_cache", rec)
+    monkeypatch.setattr(fi, "is_fake_mode", lambda: False)  # go on to the kernel call
+    monkeypatch.setattr(lp, "_verified", [True])
+    lp.clear()
+    rec.mode = FakeTensorMode()  # type: ignore[attr-defined]
+    yield rec
+    lp.clear()
+
+
+def _whole(arch: int) -> Any:
+    def run(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        return fi._flash_attn_fwd(q, k, v, _arch=arch, **kw)[0]
+
+    return run
+
+
+def draw(rng: random.Random) -> dict[str, Any]:
+    """A decode call as fa4cache.ops.kv_cache makes it: (row, KV head) pairs as sequences."""
+    d = rng.choice([64, 96, 128] + ([256] if rng.random() < 0.2 else []))
+    window = rng.choice([None, None, rng.randint(0, 4096)])
+    return {
+        "n": rng.choice([1, 2, 7, 32, 256, 1024]), "tq": rng.choice([1, 1, 1, 2, 5]),
+        "g": rng.choice([1, 2, 4, 5, 8]), "d": d, "dtype": rng.choice([torch.bfloat16, torch.float16]),
+        "causal": rng.random() < 0.8, "window": window, "softcap": rng.choice([0.0, 0.0, 30.0]),
+        "scale": rng.choice([d**-0.5, 0.1]),
+    }  # fmt: skip
+
+
+def tensors(mode: Any, c: dict[str, Any], tk: int) -> tuple[Any, ...]:
+    with mode:
+        n, tq, g, d = c["n"], c["tq"], c["g"], c["d"]
+        q = torch.empty(n, tq, g, d, dtype=c["dtype"], device="cuda")
+        k = torch.empty(n * tk, 1, d, dtype=c["dtype"], device="cuda")
+        v = torch.empty(n * tk, 1, d, dtype=c["dtype"], device="cuda")
+        out = torch.empty(n, tq, g, d, dtype=c["dtype"], device="cuda")
+        cu = torch.empty(n + 1, dtype=torch.int32, device="cuda")
+        used = torch.empty(n, dtype=torch.int32, device="cuda")
+    return q, k, v, out, cu, used
+
+
+def kwargs(c: dict[str, Any], t: tuple[Any, ...], tk: int) -> dict[str, Any]:
+    w = c["window"]
+    return {
+        "cu_seqlens_k": t[4], "seqused_k": t[5], "max_seqlen_q": c["tq"], "max_seqlen_k": tk,
+        "softmax_scale": c["scale"], "causal": c["causal"], "softcap": c["softcap"],
+        "window_size_left": w, "window_size_right": 0 if w is not None else None, "out": t[3],
+    }  # fmt: skip
+
+
+def fa4_plan(rec: Recorder, c: dict[str, Any], tk: int, arch: int) -> lp.Plan | None:
+    t = tensors(rec.mode, c, tk)  # type: ignore[attr-defined]
+    _, calls = lp.observe(fi._flash_attn_fwd, lambda: _whole(arch)(*t[:3], **kwargs(c, t, tk)))
+    return lp.plan_of(rec, calls, t)
+
+
+@pytest.mark.parametrize("arch", [90, 100])
+def test_fa4_picks_kernel_and_arguments_without_the_key_count(fa4: Recorder, arch: int) -> None:
+    print(f"FA4CACHE_FUZZ_SEED={SEED}")
+    rng = random.Random(SEED + arch)
+    planned = 0
+    for case in range(40):
+        c = draw(rng)
+        counts = [1, rng.randint(2, 300), rng.randint(301, 70000), 1 << rng.randint(9, 17)]
+        try:
+            plans = [fa4_plan(fa4, c, tk, arch) for tk in counts]
+        except (AssertionError, ValueError, NotImplementedError) as e:
+            # FA4 refuses the shape at this arch (a head dim, a window): at every key count.
+            for tk in counts:
+                with pytest.raises(type(e)):
+                    fa4_plan(fa4, c, tk, arch)
+            continue
+        assert plans[0] is not None, f"seed {SEED} case {case}: {c}: the call is no plan"
+        for tk, p in zip(counts[1:], plans[1:]):
+            assert p == plans[0], f"seed {SEED} case {case}: {c}: key count {tk} plans otherwise"
+        planned += 1
+    assert planned >= 20, planned
+
+
+def test_the_installed_fa4_is_one_whose_planning_was_checked() -> None:
+    # A new FA4 gets no plans (FA4 plans every call) until the test above has passed on it
+    # and its digest is added to VERIFIED_FA4_SOURCES.
+    digest = fa4_source_digest()
+    assert digest in lp.VERIFIED_FA4_SOURCES, (
+        f"FA4 sources {digest}: run tests/unit/test_launch_plans.py on them, then add the digest to "
+        "fa4cache/ops/launch_plans.py's VERIFIED_FA4_SOURCES"
+    )
+
+
+def test_a_replay_hands_the_kernel_what_fa4_would(fa4: Recorder) -> None:
+    rng = random.Random(SEED + 1)
+    for case in range(25):
+        c = {**draw(rng), "d": rng.choice([64, 128])}
+        whole_calls = {"n": 0}
+        run = _whole(90)
+
+        def counted(*a: Any, _n: dict[str, int] = whole_calls, _run: Any = run, **kw: Any) -> Any:
+            _n["n"] += 1
+            return _run(*a, **kw)
+
+        tk1, tk2 = rng.randint(1, 5000), rng.randint(1, 5000)
+        lp.clear()  # an earlier case may be of the same family
+        t1 = tensors(fa4.mode, c, tk1)  # type: ignore[attr-defined]
+        lp.replay_or_plan(fi, counted, t1, kwargs(c, t1, tk1))  # planned: FA4 runs whole
+        t2 = tensors(fa4.mode, c, tk2)  # type: ignore[attr-defined]
+        fa4.calls.clear()
+        got = lp.replay_or_plan(fi, counted, t2, kwargs(c, t2, tk2))
+        assert whole_calls["n"] == 1, f"seed {SEED} case {case}: {c}: not replayed"
+        assert got is t2[3]
+        ((key, replayed),) = fa4.calls
+        want = fa4_plan(fa4, c, tk2, 90)
+        assert want is not None and key == want.key
+        expected = want.arguments(t2)
+        assert len(replayed) == len(expected)
+        for a, b in zip(replayed, expected):
+            if isinstance(b, torch.Tensor):
+                assert lp._same_tensor(a, b), f"seed {SEED} case {case}: {c}"
+            else:
+                assert a == b or (a is None and b is None), f"seed {SEED} case {case}: {c}: {a!r} != {b!r}"
+
+
+def _plan_then(fa4: Recorder, change: Any) -> int:
+    """Plan a call, apply ``change``, call again at a new key count: FA4's whole runs."""
+    c = {**draw(random.Random(SEED + 2)), "d": 128}
+    n = {"whole": 0}
+    run = _whole(90)
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        n["whole"] += 1
+        return run(*a, **kw)
+
+    t = tensors(fa4.mode, c, 100)  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 100))
+    change()
+    t = tensors(fa4.mode, c, 101)  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 101))
+    return n["whole"]
+
+
+def test_unchanged_state_replays(fa4: Recorder) -> None:
+    assert _plan_then(fa4, lambda: None) == 1
+
+
+def test_an_fa4_setting_changed_at_run_time_is_planned_again(
+    fa4: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _plan_then(fa4, lambda: monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "78")) == 2
+    lp.clear()
+    clc = fi.utils._get_use_clc_scheduler_default()
+    assert _plan_then(fa4, lambda: monkeypatch.setattr(fi.utils, "_fa_clc_enabled", not clc)) == 2
+
+
+def test_a_cleared_compile_cache_is_planned_again(fa4: Recorder) -> None:
+    assert _plan_then(fa4, fa4.cache.clear) == 2
+
+
+def test_a_replaced_compile_cache_is_planned_again(fa4: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = Recorder()
+    other.mode = fa4.mode  # type: ignore[attr-defined]
+    assert _plan_then(fa4, lambda: monkeypatch.setattr(fi._flash_attn_fwd, "compile_cache", other)) == 2
+
+
+def test_a_call_with_tensors_fa4_made_is_no_plan(fa4: Recorder) -> None:
+    c = {**draw(random.Random(SEED + 3)), "d": 128}
+    t = tensors(fa4.mode, c, 50)  # type: ignore[attr-defined]
+    other = tensors(fa4.mode, c, 50)  # type: ignore[attr-defined]
+    key = object()
+    assert lp.plan_of(fa4, [(key, None, (t[0], t[1]), {})], t) is not None
+    assert lp.plan_of(fa4, [(key, None, (t[0], other[1]), {})], t) is None  # not the call's own
+    assert lp.plan_of(fa4, [(key, None, (t[0], (t[1],)), {})], t) is None  # a tensor inside an argument
+    assert lp.plan_of(fa4, [(key, None, (t[0],), {}), (key, None, (t[0],), {})], t) is None  # two launches
+    assert lp.plan_of(fa4, [], t) is None  # no launch (FA4 returned early)
+
+
+def test_unverified_fa4_and_the_setting_turn_plans_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lp, "_verified", [])
+    monkeypatch.setattr(lp, "VERIFIED_FA4_SOURCES", frozenset())
+    assert not lp.enabled()
+    monkeypatch.setattr(lp, "_verified", [True])
+    assert lp.enabled()
+    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+    assert not lp.enabled()
+
+
+def test_cpu_tensors_run_fa4_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    q = torch.zeros(2, 1, 4, 64)
+    k = torch.zeros(20, 1, 64)
+    out = torch.zeros(2, 1, 4, 64)
+    cu, used = torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    got = lp.forward(
+        lambda *a, **kw: seen.append(kw) or kw["out"], q, k, k, out=out, cu_seqlens_k=cu, seqused_k=used,
+        max_seqlen_q=1, max_seqlen_k=10, softmax_scale=0.1, causal=True, softcap=0.0,
+        window_size_left=None, window_size_right=None,
+    )  # fmt: skip
+    assert got is out and len(seen) == 1
+
+
+def test_the_check_sees_a_planning_that_reads_the_key_count(
+    fa4: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The comparison above can fail: an FA4 whose tile depended on max_seqlen_k is caught.
+    real = fi._get_fwd_config
+
+    def by_count(**kw: Any) -> Any:
+        cfg = real(**kw)
+        return dataclasses.replace(cfg, n_block_size=64) if kw["max_seqlen_k"] > 4096 else cfg
+
+    monkeypatch.setattr(fi, "_get_fwd_config", by_count)
+    c = {**draw(random.Random(SEED + 4)), "d": 128, "window": None}
+    assert fa4_plan(fa4, c, 100, 90) != fa4_plan(fa4, c, 10000, 90)
