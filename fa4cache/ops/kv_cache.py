@@ -31,6 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fa4cache.errors import quiet_library_warnings
+
+from . import launch_plans
+
 _ONE_RUN = (
     "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
     "(left padding; no gaps, no right padding)"
@@ -48,9 +52,13 @@ def _launch(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     """A KV-cache call's FA4 launch: replayed from its plan after the first call of its kind
     (:mod:`.launch_plans`: FA4's own planning is most of a decode call's host time), else
     :func:`_fa4_forward`. Writes and returns ``kwargs["out"]``."""
-    from . import launch_plans
+    return launch_plans.forward(_quiet_fa4_forward, q, k, v, **kwargs)
 
-    return launch_plans.forward(_fa4_forward, q, k, v, **kwargs)
+
+def _quiet_fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    """:func:`_fa4_forward`, CUTLASS's notes on a compile silenced (not the user's to act on)."""
+    with quiet_library_warnings():
+        return _fa4_forward(q, k, v, **kwargs)
 
 
 def key_ranges(attention_mask: Any, position_ids: Any, batch: int, *, check: bool = True) -> tuple[Any, Any]:
