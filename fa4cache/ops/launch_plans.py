@@ -41,6 +41,8 @@ VERIFIED_FA4_SOURCES = frozenset(
         "e4396f5351a9ac6392338500ec58bb19f4c511a697999efcf7fe13084ef764e3",  # flash-attn-4 4.0.0b36
     }
 )
+# The largest pointer alignment FA4 asks of a tensor (32 bytes: an output of head dim 512).
+ALIGNMENT = 32
 # Families kept (a process decodes with a few: one per layer kind and batch shape).
 MAX_PLANS = 256
 
@@ -93,10 +95,20 @@ def fa4_settings(fi: Any) -> tuple[Any, ...]:
     )
 
 
+def _pointers(tensors: tuple[Any, ...]) -> list[int]:
+    """Each tensor's first element's address (a seam: the CPU tests' fake tensors have none)."""
+    return [t.data_ptr() for t in tensors]
+
+
 def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple[Any, ...]:
     q, k, v, out, cu, used = tensors
+    ptrs = _pointers(tensors)
     return (
         _meta(q), _meta_but_count(k), _meta_but_count(v), _meta(out), _meta(cu), _meta(used),
+        # Which tensors share a first element (k is v in a test: a plan's slots must not mix
+        # them up for a call where they differ), and each one's pointer alignment (FA4 copies
+        # a tensor off its 16-byte grid, and its kernels assume the alignment they saw).
+        tuple(ptrs.index(p) for p in ptrs), tuple(p % ALIGNMENT for p in ptrs),
         scalars, fa4_settings(fi), id(fi._flash_attn_fwd),
     )  # fmt: skip
 
@@ -222,10 +234,10 @@ def plan_of(
     constants: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            match = next((i for i, t in enumerate(tensors) if _same_tensor(a, t)), None)
-            if match is None:
+            matches = [i for i, t in enumerate(tensors) if _same_tensor(a, t)]
+            if len(matches) != 1:  # FA4's own tensor, or one of two identical views: not a plan
                 return None
-            slots.append(match)
+            slots.append(matches[0])
             constants.append(None)
         elif _holds_tensor(a):
             return None

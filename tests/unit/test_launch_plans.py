@@ -58,10 +58,21 @@ def fa4(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     monkeypatch.setattr(fi._flash_attn_fwd, "compile_cache", rec)
     monkeypatch.setattr(fi, "is_fake_mode", lambda: False)  # go on to the kernel call
     monkeypatch.setattr(lp, "_verified", [True])
+    # Fake tensors have no data pointer: their storage's identity and offset stand in for it,
+    # on a 256-byte grid (as FA4 itself takes a fake tensor's address to be its offset).
+    monkeypatch.setattr(lp, "_pointers", lambda ts: [fake_address(t) for t in ts])
     lp.clear()
     rec.mode = FakeTensorMode()  # type: ignore[attr-defined]
     yield rec
     lp.clear()
+
+
+_storages: dict[int, int] = {}
+
+
+def fake_address(t: Any) -> int:
+    base = _storages.setdefault(t.untyped_storage()._cdata, (len(_storages) + 1) << 40)
+    return base + t.storage_offset() * t.element_size()
 
 
 def _whole(arch: int) -> Any:
@@ -265,3 +276,52 @@ def test_the_check_sees_a_planning_that_reads_the_key_count(
     monkeypatch.setattr(fi, "_get_fwd_config", by_count)
     c = {**draw(random.Random(SEED + 4)), "d": 128, "window": None}
     assert fa4_plan(fa4, c, 100, 90) != fa4_plan(fa4, c, 10000, 90)
+
+
+def test_k_and_v_as_one_tensor_never_lend_their_slots_to_distinct_ones(fa4: Recorder) -> None:
+    # A call with k is v is no plan (its arguments cannot say which is which), and a later
+    # call of the same shapes with distinct k and v is a family of its own, planned by FA4.
+    c = {**draw(random.Random(SEED + 5)), "d": 128}
+    n = {"whole": 0}
+    run = _whole(90)
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        n["whole"] += 1
+        return run(*a, **kw)
+
+    q, k, _v, out, cu, used = tensors(fa4.mode, c, 40)  # type: ignore[attr-defined]
+    same = (q, k, k, out, cu, used)
+    for _ in range(2):
+        lp.replay_or_plan(fi, counted, same, kwargs(c, same, 40))
+    assert n["whole"] == 2  # never replayed
+    t = tensors(fa4.mode, c, 41)  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 41))
+    assert n["whole"] == 3  # planned: its own family
+    t = tensors(fa4.mode, c, 42)  # type: ignore[attr-defined]
+    fa4.calls.clear()
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 42))
+    assert n["whole"] == 3
+    ((_, args),) = fa4.calls
+    assert lp._same_tensor(args[1], t[1]) and lp._same_tensor(args[2], t[2])
+
+
+def test_a_tensor_off_the_alignment_grid_is_a_family_of_its_own(fa4: Recorder) -> None:
+    # FA4 copies a q/k/v that is off its 16-byte grid (the copy is no plan); an aligned plan
+    # is never replayed for a misaligned call.
+    c = {**draw(random.Random(SEED + 6)), "d": 128, "tq": 1}
+    n = {"whole": 0}
+    run = _whole(90)
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        n["whole"] += 1
+        return run(*a, **kw)
+
+    t = tensors(fa4.mode, c, 30)  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 30))
+    with fa4.mode:  # type: ignore[attr-defined]
+        wide = torch.empty(c["n"] * 31 * c["d"] + 1, dtype=c["dtype"], device="cuda")
+        k = wide.as_strided((c["n"] * 31, 1, c["d"]), (c["d"], c["d"], 1), 1)  # 2 bytes off the grid
+    t = (t[0], k, tensors(fa4.mode, c, 31)[2], *t[3:])  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 31))
+    assert n["whole"] == 2
+    assert sum(p is lp._NOT_PLANNED for p in lp._plans.values()) == 1  # FA4 copied k: no plan
