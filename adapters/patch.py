@@ -26,6 +26,7 @@ from fa4cache.adapters.fa4.import_hook import PostImportHook
 from fa4cache.adapters.route import Route, _Patch
 
 from fa4cache.errors import FA4NotAvailable
+from fa4cache.ops import launch_plans
 from fa4cache.settings import Settings, setting
 from fa4cache.store import counters as _counters
 from fa4cache.store import runtime
@@ -68,7 +69,8 @@ def _patch_module(inst: Route, module: types.ModuleType) -> int:
             continue
         if getattr(obj, "__module__", module.__name__) != module.__name__:
             continue  # imported from elsewhere: patched in its home module
-        original = obj.compile_cache
+        # Not a decode call's planning-time wrapper (another thread may be observing FA4).
+        original = launch_plans.unobserved(obj.compile_cache)
         seed = getattr(original, "cache", original if isinstance(original, dict) else None)
         cache = StoreCompileCache(kind_for(name), inst, seed=dict(seed) if isinstance(seed, dict) else None)
         obj.compile_cache = cache

@@ -20,7 +20,15 @@ buffer, ``num_splits`` 1; no mask_mod, score_mod, block sparsity or page table).
 FA4's source, and checked by ``tests/unit/test_launch_plans.py`` against FA4's own planning
 over random shapes at sm_90 and sm_100: plans are made only for the FA4 sources that check
 ran on (:data:`VERIFIED_FA4_SOURCES`, by :func:`fa4cache.fingerprint.fa4_source_digest`).
-Any other FA4 is planned by FA4 at every call. ``FA4CACHE_LAUNCH_PLANS=0`` turns plans off.
+Any other FA4 is planned by FA4 at every call, as is any arch but those checked
+(:data:`VERIFIED_ARCHS`). ``FA4CACHE_LAUNCH_PLANS=0`` turns plans off; do that in a process
+that patches FA4's planning functions at run time (the digest sees FA4's files, not its
+functions in memory).
+
+Where FA4 would act otherwise than a replay, FA4 runs whole: k and v of other lengths (FA4
+refuses them) or none (it launches nothing), a family's first call with one key row (torch
+then calls any row stride contiguous, so whether FA4 copies k is not yet known), a call FA4
+makes tensors of its own for, or one whose tensors alias each other.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ VERIFIED_FA4_SOURCES = frozenset(
         "e4396f5351a9ac6392338500ec58bb19f4c511a697999efcf7fe13084ef764e3",  # flash-attn-4 4.0.0b36
     }
 )
+# The archs whose planning tests/unit/test_launch_plans.py checks (sm_90, sm_100).
+VERIFIED_ARCHS = frozenset({90, 100})
 # The largest pointer alignment FA4 asks of a tensor (32 bytes: an output of head dim 512).
 ALIGNMENT = 32
 # Families kept (a process decodes with a few: one per layer kind and batch shape).
@@ -84,7 +94,7 @@ def _meta_but_count(t: Any) -> tuple[Any, ...]:
 
 def fa4_settings(fi: Any) -> tuple[Any, ...]:
     """What FA4 reads besides its arguments when it plans a forward call: the device arch,
-    its scheduler/2-CTA/ping-pong switches and the SM-count override."""
+    its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level."""
     u = fi.utils
     return (
         fi._get_device_arch(),
@@ -92,6 +102,7 @@ def fa4_settings(fi: Any) -> tuple[Any, ...]:
         u._get_disable_2cta_default(is_fwd=True),
         u._get_disable_s_ping_pong_default(),
         os.environ.get("FLASH_ATTENTION_NUM_SMS"),
+        fi.fa_logging.get_fa_log_level(),  # in FA4's compile key (device printf)
     )
 
 
@@ -132,14 +143,14 @@ def enabled() -> bool:
 
 
 def _plain(tensors: tuple[Any, ...]) -> bool:
-    """Real CUDA tensors that need no gradient, and at least one key (FA4 returns early on
-    none, without a launch)."""
+    """Real CUDA tensors that need no gradient, outside a fake mode (where FA4 launches
+    nothing)."""
     import torch
 
     for t in tensors:
         if type(t) is not torch.Tensor or not t.is_cuda or t.requires_grad:
             return False
-    return tensors[1].shape[0] > 0
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
 
 
 class _Observed:
@@ -184,8 +195,14 @@ def observe(
     try:
         result = run()
     finally:
-        entry.compile_cache = inner
+        if entry.compile_cache is seen:  # not if an install() put its own cache there meanwhile
+            entry.compile_cache = inner
     return result, seen.calls
+
+
+def unobserved(cache: Any) -> Any:
+    """``cache`` itself, if another thread's :func:`observe` has it wrapped for the moment."""
+    return cache.inner if isinstance(cache, _Observed) else cache
 
 
 def _holds_tensor(obj: Any, depth: int = 0) -> bool:
@@ -288,11 +305,14 @@ def replay_or_plan(
     """:func:`forward` once it is known to apply (FA4's interface module ``fi``): the
     family's plan replayed, or FA4 run whole (observed, to make the plan)."""
     q, k, v, out = tensors[:4]
+    if k.shape[0] != v.shape[0] or k.shape[0] == 0:
+        # FA4 asserts as many keys as values, and launches nothing for none: its own answer.
+        return run_whole(q, k, v, **kwargs)
     scalars = tuple(kwargs[n] for n in SCALARS)
     fam = family(fi, tensors, scalars)
     plan = _plans.get(fam)
     if isinstance(plan, Plan):
-        cache = fi._flash_attn_fwd.compile_cache
+        cache = unobserved(fi._flash_attn_fwd.compile_cache)
         kernels = getattr(cache, "cache", None)
         fn = kernels.get(plan.key) if cache is plan.cache and isinstance(kernels, dict) else None
         if fn is not None:
@@ -302,6 +322,11 @@ def replay_or_plan(
             return out
         _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
     elif plan is _NOT_PLANNED:
+        return run_whole(q, k, v, **kwargs)
+    if k.shape[0] < 2 or fi._get_device_arch() not in VERIFIED_ARCHS:
+        # One key row: torch calls k contiguous whatever its row stride, so whether FA4 would
+        # copy k is not yet known for the family (it is from two rows on). An arch whose
+        # planning was not checked: FA4 plans.
         return run_whole(q, k, v, **kwargs)
     if not _capture_lock.acquire(blocking=False):
         return run_whole(q, k, v, **kwargs)  # another thread is planning: no waiting behind its compile
