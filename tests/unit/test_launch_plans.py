@@ -158,21 +158,16 @@ def test_a_replay_hands_the_kernel_what_fa4_would(fa4: Recorder) -> None:
     rng = random.Random(SEED + 1)
     for case in range(25):
         c = {**draw(rng), "d": rng.choice([64, 128])}
-        whole_calls = {"n": 0}
+        whole_calls, counted = _counted()
         run = _whole(90)
-
-        def counted(*a: Any, _n: dict[str, int] = whole_calls, _run: Any = run, **kw: Any) -> Any:
-            _n["n"] += 1
-            return _run(*a, **kw)
-
-        tk1, tk2 = rng.randint(1, 5000), rng.randint(1, 5000)
+        tk1, tk2 = rng.randint(2, 5000), rng.randint(1, 5000)  # a plan is made from 2 key rows on
         lp.clear()  # an earlier case may be of the same family
         t1 = tensors(fa4.mode, c, tk1)  # type: ignore[attr-defined]
         lp.replay_or_plan(fi, counted, t1, kwargs(c, t1, tk1))  # planned: FA4 runs whole
         t2 = tensors(fa4.mode, c, tk2)  # type: ignore[attr-defined]
         fa4.calls.clear()
         got = lp.replay_or_plan(fi, counted, t2, kwargs(c, t2, tk2))
-        assert whole_calls["n"] == 1, f"seed {SEED} case {case}: {c}: not replayed"
+        assert whole_calls["whole"] == 1, f"seed {SEED} case {case}: {c}: not replayed"
         assert got is t2[3]
         ((key, replayed),) = fa4.calls
         # What FA4 itself hands its kernel for these very tensors.
@@ -187,15 +182,21 @@ def test_a_replay_hands_the_kernel_what_fa4_would(fa4: Recorder) -> None:
                 assert a == b or (a is None and b is None), f"seed {SEED} case {case}: {c}: {a!r} != {b!r}"
 
 
-def _plan_then(fa4: Recorder, change: Any) -> int:
-    """Plan a call, apply ``change``, call again at a new key count: FA4's whole runs."""
-    c = {**draw(random.Random(SEED + 2)), "d": 128}
+def _counted(arch: int = 90) -> tuple[dict[str, int], Any]:
     n = {"whole": 0}
-    run = _whole(90)
+    run = _whole(arch)
 
     def counted(*a: Any, **kw: Any) -> Any:
         n["whole"] += 1
         return run(*a, **kw)
+
+    return n, counted
+
+
+def _plan_then(fa4: Recorder, change: Any) -> int:
+    """Plan a call, apply ``change``, call again at a new key count: FA4's whole runs."""
+    c = {**draw(random.Random(SEED + 2)), "d": 128}
+    n, counted = _counted()
 
     t = tensors(fa4.mode, c, 100)  # type: ignore[attr-defined]
     lp.replay_or_plan(fi, counted, t, kwargs(c, t, 100))
@@ -283,12 +284,7 @@ def test_k_and_v_as_one_tensor_never_lend_their_slots_to_distinct_ones(fa4: Reco
     # A call with k is v is no plan (its arguments cannot say which is which), and a later
     # call of the same shapes with distinct k and v is a family of its own, planned by FA4.
     c = {**draw(random.Random(SEED + 5)), "d": 128}
-    n = {"whole": 0}
-    run = _whole(90)
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        n["whole"] += 1
-        return run(*a, **kw)
+    n, counted = _counted()
 
     q, k, _v, out, cu, used = tensors(fa4.mode, c, 40)  # type: ignore[attr-defined]
     same = (q, k, k, out, cu, used)
@@ -310,12 +306,7 @@ def test_a_tensor_off_the_alignment_grid_is_a_family_of_its_own(fa4: Recorder) -
     # FA4 copies a q/k/v that is off its 16-byte grid (the copy is no plan); an aligned plan
     # is never replayed for a misaligned call.
     c = {**draw(random.Random(SEED + 6)), "d": 128, "tq": 1}
-    n = {"whole": 0}
-    run = _whole(90)
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        n["whole"] += 1
-        return run(*a, **kw)
+    n, counted = _counted()
 
     t = tensors(fa4.mode, c, 30)  # type: ignore[attr-defined]
     lp.replay_or_plan(fi, counted, t, kwargs(c, t, 30))
@@ -326,17 +317,6 @@ def test_a_tensor_off_the_alignment_grid_is_a_family_of_its_own(fa4: Recorder) -
     lp.replay_or_plan(fi, counted, t, kwargs(c, t, 31))
     assert n["whole"] == 2
     assert sum(p is lp._NOT_PLANNED for p in lp._plans.values()) == 1  # FA4 copied k: no plan
-
-
-def _counted(arch: int = 90) -> tuple[dict[str, int], Any]:
-    n = {"whole": 0}
-    run = _whole(arch)
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        n["whole"] += 1
-        return run(*a, **kw)
-
-    return n, counted
 
 
 def test_keys_and_values_of_other_counts_are_fa4s_to_refuse(fa4: Recorder) -> None:
