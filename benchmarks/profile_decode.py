@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_generation import config, gen_kwargs, prompts, step_profile, sync
+from bench_generation import config, gen_kwargs, prompts, run_once, step_profile, sync
 from common import save, table
 
 NULL = "null_attention"
@@ -61,14 +61,6 @@ def _model(shape: str, impl: str) -> Any:
         m = AutoModelForCausalLM.from_config(copy.deepcopy(config(shape, 4)), attn_implementation=impl,
                                              dtype=torch.bfloat16)  # fmt: skip
     return m.eval()
-
-
-def _generate(m: Any, ids: Any, mask: Any, new: int) -> float:
-    sync()
-    t0 = time.perf_counter()
-    m.generate(ids, attention_mask=mask, **gen_kwargs(new))
-    sync()
-    return time.perf_counter() - t0
 
 
 def _cprofile(m: Any, ids: Any, mask: Any, new: int, top: int = 22) -> str:
@@ -241,11 +233,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with torch.no_grad():
             for m in models.values():
                 for _ in range(2):
-                    _generate(m, ids, mask, a.new)
+                    run_once("generate", m, ids, mask, a.new)
             times: dict[str, list[float]] = {i: [] for i in a.impls}
             for r in range(a.repeats):
                 for impl in a.impls if r % 2 == 0 else a.impls[::-1]:
-                    times[impl].append(_generate(models[impl], ids, mask, a.new))
+                    times[impl].append(run_once("generate", models[impl], ids, mask, a.new)[0])
             for impl, m in models.items():
                 res[impl] = {"ms_per_step": statistics.median(times[impl]) / a.new * 1e3,
                              **step_profile(m, impl, ids, mask, a.new)}  # fmt: skip

@@ -9,6 +9,7 @@ bare ``No module named 'torch'``.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from fa4cache.errors import FA4NotAvailable
 
@@ -47,3 +48,22 @@ def require(feature: str, *modules: str) -> None:
         f"{feature} needs {dists}, which {'is' if len(absent) == 1 else 'are'} not installed: "
         f"pip install 'fa4cache[{','.join(extras)}]'"
     )
+
+
+def triton_runs_on(t: Any) -> bool:
+    """Whether fa4cache's Triton kernels run on ``t``: a CUDA tensor with values (not a fake
+    one, as a mask built under ``FakeTensorMode`` to cross-compile is), Triton installed, and
+    ``FA4CACHE_TRITON`` not ``0``."""
+    from fa4cache.settings import setting
+
+    if not t.is_cuda or not setting("FA4CACHE_TRITON"):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(t):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

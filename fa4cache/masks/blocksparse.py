@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fa4cache.extras import triton_runs_on
 from fa4cache.masks.intervals import BIG, check_intervals
-from fa4cache.settings import setting
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -120,21 +120,10 @@ def _pow2(x: int) -> bool:
 
 
 def _use_triton(lo: Any, block_size: tuple[int, int], bwd_block_size: tuple[int, int] | None) -> bool:
-    """The fused kernels run on CUDA tensors with power-of-two blocks (``FA4CACHE_TRITON=0`` opts out);
-    not on fake ones (a mask built under ``FakeTensorMode`` to cross-compile), which have no values."""
-    if not lo.is_cuda or not setting("FA4CACHE_TRITON"):
+    """The fused kernels run where :func:`fa4cache.extras.triton_runs_on` says, with power-of-two blocks."""
+    if not triton_runs_on(lo):
         return False
-    from torch._subclasses.fake_tensor import is_fake
-
-    if is_fake(lo):
-        return False
-    if not all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size))):
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return all(_pow2(v) for v in (*block_size, *(bwd_block_size or block_size)))
 
 
 def _triton_tensors(

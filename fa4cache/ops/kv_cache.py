@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from fa4cache.errors import quiet_library_warnings
+from fa4cache.extras import triton_runs_on
 
 from . import launch_plans
 
@@ -85,8 +86,9 @@ def _sequences(
     attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
 ) -> tuple[Any, Any]:
     """``cu_seqlens_k`` (``[B * Hkv + 1]``) and ``seqused_k`` (``[B * Hkv]``) over the cache
-    flattened to ``[B * Hkv * Tk]`` slots. A few element-wise kernels per layer of every
-    decode step, where each launch costs about as much as the work: kept few."""
+    flattened to ``[B * Hkv * Tk]`` slots: one Triton launch for a CUDA mask
+    (:func:`key_ranges_triton`), else a few element-wise kernels, where each launch costs
+    about as much as the work."""
     import torch
 
     if _triton_ranges(attention_mask):
@@ -106,14 +108,11 @@ def _sequences(
 def _triton_ranges(attention_mask: Any) -> bool:
     """Whether a step's mask gets its key ranges from the one-launch Triton kernel: a real
     CUDA tensor (the first layer's dozen small PyTorch ops cost ~250 µs of host time on an
-    H200 host, a decode step's whole attention budget), unless ``FA4CACHE_TRITON=0``."""
+    H200 host, a decode step's whole attention budget), where
+    :func:`fa4cache.extras.triton_runs_on` says."""
     import torch
 
-    if attention_mask is None or type(attention_mask) is not torch.Tensor or not attention_mask.is_cuda:
-        return False
-    from fa4cache.settings import setting
-
-    return bool(setting("FA4CACHE_TRITON"))
+    return type(attention_mask) is torch.Tensor and triton_runs_on(attention_mask)
 
 
 def key_ranges_triton(

@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from fa4cache.settings import setting
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +128,6 @@ def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple
 
 
 def enabled() -> bool:
-    from fa4cache.settings import setting
-
     if not setting("FA4CACHE_LAUNCH_PLANS"):
         return False
     if not _verified:
@@ -291,8 +292,6 @@ def forward(
     tensors = (q, k, v, out, cu_seqlens_k, seqused_k)
     if not _plain(tensors) or not enabled():
         return run_whole(q, k, v, **kwargs)
-    import sys
-
     fi = sys.modules.get("flash_attn.cute.interface")
     if fi is None:
         return run_whole(q, k, v, **kwargs)
