@@ -5,6 +5,7 @@ and 5.2x's ``block_table``/``k_cache``/``v_cache``) on FA4 (:mod:`fa4cache.ops.k
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 from fa4cache.ops import kv_cache
@@ -55,14 +56,33 @@ def kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], d
     return None
 
 
+# first_of_its_kind's answers: id(module) -> (weak reference to it, its layer_idx, its config,
+# the answer). Reading a transformers config's missing attribute costs a decode layer
+# microseconds (two __getattribute__ overrides and an exception), in every step.
+_first: dict[int, tuple[Any, Any, Any, bool]] = {}
+
+
 def first_of_its_kind(module: Any) -> bool:
     """Whether ``module`` is the first layer of its type (full, sliding): the step's mask is
     checked there, once per step and kind, not in every layer (each check is several kernel
-    launches, a decode step's main cost at small sizes)."""
+    launches, a decode step's main cost at small sizes). Kept per module while its
+    ``layer_idx`` and ``config`` are the same objects."""
     idx = getattr(module, "layer_idx", None)
+    config = getattr(module, "config", None)
+    hit = _first.get(id(module))
+    if hit is not None and hit[0]() is module and hit[1] == idx and hit[2] is config:
+        return hit[3]
+    answer = _first_of_its_kind(idx, config)
+    if len(_first) >= 4096:  # models come and go in a long process: start again
+        _first.clear()
+    _first[id(module)] = (weakref.ref(module), idx, config, answer)
+    return answer
+
+
+def _first_of_its_kind(idx: Any, config: Any) -> bool:
     if not isinstance(idx, int):
         return True
-    types = getattr(getattr(module, "config", None), "layer_types", None)
+    types = getattr(config, "layer_types", None)
     if not isinstance(types, (list, tuple)) or idx >= len(types):
         return idx == 0
     return types.index(types[idx]) == idx

@@ -49,11 +49,12 @@ def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return fi._flash_attn_fwd(q, k, v, **kwargs)[0]
 
 
-def _launch(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+def _launch(q: Any, k: Any, v: Any, out: Any, cu: Any, used: Any, scalars: tuple[Any, ...], keys: int) -> Any:
     """A KV-cache call's FA4 launch: replayed from its plan after the first call of its kind
     (:mod:`.launch_plans`: FA4's own planning is most of a decode call's host time), else
-    :func:`_fa4_forward`. Writes and returns ``kwargs["out"]``."""
-    return launch_plans.forward(_quiet_fa4_forward, q, k, v, **kwargs)
+    :func:`_fa4_forward`. ``scalars`` in :data:`.launch_plans.SCALARS`' order; ``keys``: FA4's
+    ``max_seqlen_k``. Writes and returns ``out``."""
+    return launch_plans.launch(_quiet_fa4_forward, (q, k, v, out, cu, used), scalars, keys)
 
 
 def _quiet_fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
@@ -152,7 +153,7 @@ def _tensor_key(t: Any) -> tuple[Any, ...]:
     return (t.data_ptr(), t.device, tuple(t.shape), tuple(t.stride()), t.dtype, t._version)
 
 
-def _shareable() -> bool:
+def _shareable(src: Any) -> bool:
     """Whether a step's lengths may be kept for the next layer: not while torch.compile traces
     (fake tensors), nor while a CUDA graph captures (a value kept between calls would stay
     alive in a CUDA-graph tree's memory pool without being one of the graph's outputs, which
@@ -161,7 +162,7 @@ def _shareable() -> bool:
 
     if torch.compiler.is_compiling():
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return not (src.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def sequences(
@@ -180,7 +181,7 @@ def sequences(
     caller is eager code (the adapter's direct call), never the custom op, whose body runs
     inside torch.compile's CUDA-graph trees (their warm-up runs in the graphs' pool)."""
     src = attention_mask if attention_mask is not None else position_ids
-    if not share or src is None or not _shareable():
+    if not share or src is None or not _shareable(src):
         return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
     import weakref
 
@@ -193,6 +194,18 @@ def sequences(
         del _step[next(iter(_step))]  # the oldest: never the current step's other kind
     _step[key] = (weakref.ref(src), check, value)
     return value
+
+
+def _query_view(query: Any, B: int, Hkv: int, g: int, Tq: int, D: int) -> Any:
+    """``query [B, Hq, Tq, D]`` as ``[B * Hkv, Tq, g, D]``: at one query a single view of
+    transformers' layout (the same strides as the general form, in one op of three: host time
+    in every layer of a decode step)."""
+    if Tq == 1:
+        try:
+            return query.view(B * Hkv, 1, g, D)
+        except RuntimeError:  # a layout no view reaches: the general form (copies)
+            pass
+    return query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(B * Hkv, Tq, g, D)
 
 
 def forward(
@@ -217,7 +230,7 @@ def forward(
     Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     g = Hq // Hkv
     n = B * Hkv
-    q = query.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(n, Tq, g, D)
+    q = _query_view(query, B, Hkv, g, Tq, D)
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
     cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask, share=share)
@@ -225,11 +238,8 @@ def forward(
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
     buf = result.view(n, 1, g, Dv) if result is not None else query.new_empty(n, Tq, g, Dv)
-    _launch(
-        q, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_q=Tq, max_seqlen_k=Tk,
-        softmax_scale=softmax_scale, causal=causal, softcap=softcap,
-        window_size_left=window, window_size_right=0 if window is not None else None, out=buf,
-    )  # fmt: skip
+    scalars = (Tq, softmax_scale, causal, softcap, window, 0 if window is not None else None)
+    _launch(q, k, v, buf, cu, used, scalars, Tk)
     if result is not None:
         return result
     return buf.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)

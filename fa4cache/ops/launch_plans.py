@@ -86,15 +86,6 @@ _capture_lock = threading.Lock()
 _verified: list[bool] = []  # [whether the installed FA4's sources are verified], once a process
 
 
-def _meta(t: Any) -> tuple[Any, ...]:
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
-
-
-def _meta_but_count(t: Any) -> tuple[Any, ...]:
-    # The key count is dimension 0; its stride does not depend on it (a dense [tokens, h, d]).
-    return (tuple(t.shape[1:]), t.stride(), t.dtype, t.device, t.requires_grad)
-
-
 def fa4_settings(fi: Any) -> tuple[Any, ...]:
     """What FA4 reads besides its arguments when it plans a forward call: the device arch,
     its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level."""
@@ -115,15 +106,29 @@ def _pointers(tensors: tuple[Any, ...]) -> list[int]:
 
 
 def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Every fact FA4 plans a call from but the key count: each tensor's type, shape, strides,
+    dtype, device and grad flag (k's and v's shape without dimension 0, the key count: their
+    strides do not depend on it, a dense ``[tokens, h, d]``), which tensors alias and their
+    pointer alignment, the scalars, FA4's settings. Written out, not looped: host time in every
+    decode layer."""
     q, k, v, out, cu, used = tensors
     ptrs = _pointers(tensors)
-    return (
-        _meta(q), _meta_but_count(k), _meta_but_count(v), _meta(out), _meta(cu), _meta(used),
+    p0, p1, p2, p3, p4, p5 = ptrs
+    if len(set(ptrs)) == 6 and not (p0 | p1 | p2 | p3 | p4 | p5) % ALIGNMENT:
+        where: Any = None  # the usual call, said briefly: no two alike, all on the grid
+    else:
         # Which tensors share a first element (k is v in a test: a plan's slots must not mix
         # them up for a call where they differ), and each one's pointer alignment (FA4 copies
         # a tensor off its 16-byte grid, and its kernels assume the alignment they saw).
-        tuple(ptrs.index(p) for p in ptrs), tuple(p % ALIGNMENT for p in ptrs),
-        scalars, fa4_settings(fi), id(fi._flash_attn_fwd),
+        where = (tuple(ptrs.index(p) for p in ptrs), tuple(p % ALIGNMENT for p in ptrs))
+    return (
+        (type(q), q.shape, q.stride(), q.dtype, q.device, q.requires_grad),
+        (type(k), k.shape[1:], k.stride(), k.dtype, k.device, k.requires_grad),
+        (type(v), v.shape[1:], v.stride(), v.dtype, v.device, v.requires_grad),
+        (type(out), out.shape, out.stride(), out.dtype, out.device, out.requires_grad),
+        (type(cu), cu.shape, cu.stride(), cu.dtype, cu.device, cu.requires_grad),
+        (type(used), used.shape, used.stride(), used.dtype, used.device, used.requires_grad),
+        where, scalars, fa4_settings(fi), id(fi._flash_attn_fwd),
     )  # fmt: skip
 
 
@@ -143,15 +148,19 @@ def enabled() -> bool:
     return _verified[0]
 
 
+def _no_fake_mode() -> bool:
+    torch = sys.modules["torch"]  # imported: the call's tensors are its
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+
+
 def _plain(tensors: tuple[Any, ...]) -> bool:
     """Real CUDA tensors that need no gradient, outside a fake mode (where FA4 launches
     nothing)."""
-    import torch
-
+    tensor = sys.modules["torch"].Tensor
     for t in tensors:
-        if type(t) is not torch.Tensor or not t.is_cuda or t.requires_grad:
+        if type(t) is not tensor or not t.is_cuda or t.requires_grad:
             return False
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None
+    return _no_fake_mode()
 
 
 class _Observed:
@@ -284,18 +293,62 @@ def forward(
 ) -> Any:
     """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
     family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a stand-in)."""
-    kwargs = {
-        "cu_seqlens_k": cu_seqlens_k, "seqused_k": seqused_k, "max_seqlen_q": max_seqlen_q,
-        "max_seqlen_k": max_seqlen_k, "softmax_scale": softmax_scale, "causal": causal, "softcap": softcap,
-        "window_size_left": window_size_left, "window_size_right": window_size_right, "out": out,
-    }  # fmt: skip
-    tensors = (q, k, v, out, cu_seqlens_k, seqused_k)
-    if not _plain(tensors) or not enabled():
-        return run_whole(q, k, v, **kwargs)
+    return launch(
+        run_whole, (q, k, v, out, cu_seqlens_k, seqused_k),
+        (max_seqlen_q, softmax_scale, causal, softcap, window_size_left, window_size_right), max_seqlen_k,
+    )  # fmt: skip
+
+
+def launch(
+    run_whole: Callable[..., Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...], max_seqlen_k: int
+) -> Any:
+    """:func:`forward` with its arguments in the orders of :data:`TENSORS` and :data:`SCALARS`
+    (the decode layer's call: no dict of FA4's arguments is made unless FA4 runs whole)."""
     fi = sys.modules.get("flash_attn.cute.interface")
-    if fi is None:
+    # The replay first: this runs in every layer of every decode step, where the host's time
+    # is the step's time. No plain-tensor check before it: a plan is made only for plain
+    # tensors, and its family holds each tensor's type, device and grad flag.
+    fam = None
+    if fi is not None and _no_fake_mode() and enabled():
+        fam = _family_if_replayable(fi, tensors, scalars)
+        if fam is not None and _replay(fi, fam, tensors):
+            return tensors[3]
+    q, k, v, out, cu, used = tensors
+    kwargs = {
+        "cu_seqlens_k": cu, "seqused_k": used, "max_seqlen_k": max_seqlen_k, "out": out,
+        **dict(zip(SCALARS, scalars)),
+    }  # fmt: skip
+    if fam is None or not _plain(tensors):
         return run_whole(q, k, v, **kwargs)
-    return replay_or_plan(fi, run_whole, tensors, kwargs)
+    return _plan(fi, fam, run_whole, tensors, kwargs)
+
+
+def _family_if_replayable(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> Any:
+    """The call's family, or None where FA4 is to run whole without a plan being looked up:
+    k and v of other lengths (FA4 refuses them) or none (it launches nothing)."""
+    k, v = tensors[1], tensors[2]
+    n = k.shape[0]
+    if n != v.shape[0] or n == 0:
+        return None
+    return family(fi, tensors, scalars)
+
+
+def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
+    """Launch ``fam``'s planned kernel on ``tensors``; False where there is no plan to replay."""
+    plan = _plans.get(fam)
+    if type(plan) is not Plan:
+        return False
+    cache = unobserved(fi._flash_attn_fwd.compile_cache)
+    kernels = getattr(cache, "cache", None)
+    # Looked up at each call: a cleared or replaced cache is noticed.
+    fn = kernels.get(plan.key) if cache is plan.cache and isinstance(kernels, dict) else None
+    if fn is None:
+        _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
+        return False
+    if hasattr(cache, "memory_hits"):
+        cache.memory_hits += 1  # as FA4's own lookup counts it (fa4cache stats)
+    fn(*plan.arguments(tensors))
+    return True
 
 
 def replay_or_plan(
@@ -304,23 +357,21 @@ def replay_or_plan(
     """:func:`forward` once it is known to apply (FA4's interface module ``fi``): the
     family's plan replayed, or FA4 run whole (observed, to make the plan)."""
     q, k, v, out = tensors[:4]
-    if k.shape[0] != v.shape[0] or k.shape[0] == 0:
-        # FA4 asserts as many keys as values, and launches nothing for none: its own answer.
+    fam = _family_if_replayable(fi, tensors, tuple(kwargs[n] for n in SCALARS))
+    if fam is None:
         return run_whole(q, k, v, **kwargs)
-    scalars = tuple(kwargs[n] for n in SCALARS)
-    fam = family(fi, tensors, scalars)
-    plan = _plans.get(fam)
-    if isinstance(plan, Plan):
-        cache = unobserved(fi._flash_attn_fwd.compile_cache)
-        kernels = getattr(cache, "cache", None)
-        fn = kernels.get(plan.key) if cache is plan.cache and isinstance(kernels, dict) else None
-        if fn is not None:
-            if hasattr(cache, "memory_hits"):
-                cache.memory_hits += 1  # as FA4's own lookup counts it (fa4cache stats)
-            fn(*plan.arguments(tensors))
-            return out
-        _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
-    elif plan is _NOT_PLANNED:
+    if _replay(fi, fam, tensors):
+        return out
+    return _plan(fi, fam, run_whole, tensors, kwargs)
+
+
+def _plan(
+    fi: Any, fam: tuple[Any, ...], run_whole: Callable[..., Any], tensors: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """FA4 run whole for a call of family ``fam`` that has no plan to replay: observed, to
+    make the family's plan, where one may be made."""
+    q, k, v = tensors[:3]
+    if _plans.get(fam) is _NOT_PLANNED:
         return run_whole(q, k, v, **kwargs)
     if k.shape[0] < 2 or fi._get_device_arch() not in VERIFIED_ARCHS:
         # One key row: torch calls k contiguous whatever its row stride, so whether FA4 would

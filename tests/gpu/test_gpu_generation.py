@@ -353,8 +353,25 @@ def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) ->
         tok = rng.randrange(cfg.vocab_size)
         prompts.append([(tok * 7**i + 3 * sum(7**j for j in range(i))) % cfg.vocab_size for i in range(n)])
     gen = GenerationConfig(max_new_tokens=48, do_sample=False, pad_token_id=0, eos_token_id=-1)
-    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
-        out = ours.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+    replays = [0]
+    real_replay = torch.cuda.CUDAGraph.replay
+
+    def replay(self: Any) -> Any:
+        replays[0] += 1
+        return real_replay(self)
+
+    torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+            out = ours.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+    finally:
+        torch.cuda.CUDAGraph.replay = real_replay  # type: ignore[method-assign]
+    try:  # transformers 5.2x: CUDA graphs on by default for an implementation that needs no mask
+        from transformers.generation.continuous_batching.initialization import decide_use_cuda_graphs  # noqa: F401
+
+        assert replays[0] > 0, "continuous batching replayed no CUDA graph"
+    except ImportError:  # 5.17: no graphs by default
+        pass
     got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
     for p, tokens in zip(prompts, got):
         ids = torch.tensor([p], device="cuda")
