@@ -176,5 +176,41 @@ def allow_continuous_batching() -> None:
 
     switch_to_cb_friendly_attn.__fa4cache__ = True  # type: ignore[attr-defined]
     ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn  # type: ignore[method-assign]
+    graphs_by_default()
+
+
+def graphs_by_default() -> None:
+    """transformers 5.2x's continuous batching turns CUDA graphs (and asynchronous batching)
+    on by default for an implementation that needs no attention mask, but decides that from
+    the name (``"flash"`` in it): ``"fa4cache"``, which needs none (transformers builds it none),
+    would decode without graphs, its Python run in every layer of every step. Its
+    configuration is decided again as for a flash implementation, where the user set neither
+    ``use_cuda_graph`` nor ``use_async_batching``; what the user set stands."""
+    try:
+        from transformers.generation.continuous_batching import continuous_api, initialization
+    except ImportError:
+        return
+    fn = getattr(continuous_api, "resolve_continuous_batching_config", None)
+    decide_graphs = getattr(initialization, "decide_use_cuda_graphs", None)
+    decide_async = getattr(initialization, "decide_use_async_batching", None)
+    if fn is None or decide_graphs is None or decide_async is None or getattr(fn, "__fa4cache__", False):
+        return  # 5.17: graphs are off by default for every implementation
+
+    @functools.wraps(fn)
+    def resolve_continuous_batching_config(config: Any, cb_config: Any, *args: Any, **kwargs: Any) -> Any:
+        resolved = fn(config, cb_config, *args, **kwargs)
+        if getattr(config, "_attn_implementation", None) not in (NAME, f"paged|{NAME}"):
+            return resolved
+        if cb_config.use_cuda_graph is None:
+            resolved.use_cuda_graph = None
+            requested = any([cb_config.q_padding_interval_size, cb_config.kv_padding_interval_size])
+            decide_graphs(cb_config=resolved, is_attn_mask_needed=False, cuda_graph_requested=requested)
+        if cb_config.use_async_batching is None:
+            resolved.use_async_batching = None
+            decide_async(cb_config=resolved, is_attn_mask_needed=False)
+        return resolved
+
+    resolve_continuous_batching_config.__fa4cache__ = True  # type: ignore[attr-defined]
+    continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
 
 

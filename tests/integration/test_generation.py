@@ -503,6 +503,40 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
     assert steps and all(kw["window_size_left"] == cfg.sliding_window - 1 for kw in steps)
 
 
+def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_implementations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # transformers 5.2x turns CUDA graphs and asynchronous batching on for an implementation
+    # whose name says "flash" (it needs no mask); "fa4cache" needs none either and gets the same
+    # default, while what a user sets stands. The CPU has no graphs: the accelerator is
+    # said to have them, the rest is transformers' own resolution.
+    init = pytest.importorskip("transformers.generation.continuous_batching.initialization")
+    if not hasattr(init, "decide_use_cuda_graphs"):
+        pytest.skip("this transformers decides no CUDA-graph default in continuous batching")
+    from fa4cache.adapters import transformers as fht
+    from transformers import LlamaConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import continuous_api
+
+    fht.register()
+    monkeypatch.setattr(init, "get_accelerator_graph_name", lambda: "CUDAGraph")
+
+    def resolved(impl: str, **kw: Any) -> Any:
+        cfg = LlamaConfig(num_hidden_layers=2)
+        cfg._attn_implementation = impl
+        r = continuous_api.resolve_continuous_batching_config(
+            cfg, ContinuousBatchingConfig(**kw), None, False, device=torch.device("cpu")
+        )
+        return tuple(r.use_cuda_graph), r.use_async_batching
+
+    flash = resolved("flash_attention_2")
+    assert flash == ((True, True), True)  # transformers' own default, which ours follows
+    assert resolved("fa4cache") == flash
+    assert resolved("sdpa") == ((False, False), False)  # needs a mask: untouched
+    assert resolved("fa4cache", use_cuda_graph=False) == ((False, False), False)
+    assert resolved("fa4cache", use_async_batching=False) == ((True, True), False)
+
+
 class _PagedCacheBefore523:
     """The contract of transformers 5.17's ``PagedAttentionCache.update`` for full-attention
     layers (the H200 image's transformers; this venv's newer one updates the cache in the
