@@ -20,7 +20,8 @@ Like with like:
   call's host µs per layer, kernel launches and host syncs per step, kernels per layer, GPU
   busy ms per step (torch.profiler), beside the timed runs' ms per step;
 * FA4 compiles during the timed runs (``fa4cache.stats()``; target 0) and torch.compile
-  frames compiled then;
+  frames compiled then; CUDA graph replays per timed run (continuous batching replays its
+  step graphs where they are on: transformers 5.2x's default for fa4cache, not for sdpa);
 * teacher-forced logits against sdpa's own full forward, beside sdpa's own incremental
   error (its noise), per model.
 

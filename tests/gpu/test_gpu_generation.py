@@ -338,14 +338,21 @@ def test_decoding_compiles_nothing_after_the_first_step() -> None:
 
 
 def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) -> None:
-    # Continuous batching (paged cache) with "paged|fa4cache": one FA4 varlen call per layer
+    # Continuous batching (paged cache) with "fa4cache" ("paged|fa4cache" before 5.23), CUDA
+    # graphs on where transformers decides a default for them: one FA4 varlen call per layer
     # and step, no mask; greedy tokens as generate() with SDPA gives each prompt alone.
     import torch
     from transformers import GenerationConfig
 
     cfg = _configs()["mistral-sliding"]
     state = _patterned_state(cfg)
-    ours, ref = _model(cfg, "paged|fa4cache", state=state), _model(cfg, "sdpa", state=state)
+    import transformers
+    from packaging.version import Version
+
+    new_transformers = Version(transformers.__version__) >= Version("5.23")
+    # 5.2x deprecates the "paged|" prefix (but for paged|eager); 5.17 reads it.
+    name = "fa4cache" if new_transformers else "paged|fa4cache"
+    ours, ref = _model(cfg, name, state=state), _model(cfg, "sdpa", state=state)
     assert ours.config._attn_implementation in ("fa4cache", "paged|fa4cache")
     rng = random.Random(SEED + 7)
     prompts = []
@@ -366,11 +373,10 @@ def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) ->
             out = ours.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
     finally:
         torch.cuda.CUDAGraph.replay = real_replay  # type: ignore[method-assign]
-    import transformers
-    from packaging.version import Version
+    from transformers.generation.continuous_batching import continuous_api
 
-    if Version(transformers.__version__) >= Version("5.24"):
-        # CUDA graphs by default for an implementation that needs no mask (5.17: off for every one).
+    if getattr(continuous_api.resolve_continuous_batching_config, "__fa4cache__", False):
+        # fa4cache.adapters.transformers.generation.graphs_by_default: CUDA graphs by default.
         assert replays[0] > 0, "continuous batching replayed no CUDA graph"
     got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
     for p, tokens in zip(prompts, got):
