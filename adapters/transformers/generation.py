@@ -57,25 +57,36 @@ def kv_cache_fallback(query: Any, attention_mask: Any, kwargs: dict[str, Any], d
 
 
 # first_of_its_kind's answers: id(module) -> (weak reference to it, its layer_idx, its config,
-# the answer). Reading a transformers config's missing attribute costs a decode layer
-# microseconds (two __getattribute__ overrides and an exception), in every step.
-_first: dict[int, tuple[Any, Any, Any, bool]] = {}
+# the config's own layer_types object, the answer). Reading a transformers config's missing
+# attribute costs a decode layer microseconds (two __getattribute__ overrides and an
+# exception), in every step.
+_first: dict[int, tuple[Any, Any, Any, Any, bool]] = {}
+_NONE = object()
 
 
 def first_of_its_kind(module: Any) -> bool:
     """Whether ``module`` is the first layer of its type (full, sliding): the step's mask is
     checked there, once per step and kind, not in every layer (each check is several kernel
     launches, a decode step's main cost at small sizes). Kept per module while its
-    ``layer_idx`` and ``config`` are the same objects."""
+    ``layer_idx``, ``config`` and the config's ``layer_types`` are the same objects (a list
+    changed in place is not seen: give the config a new one); not kept while torch.compile
+    traces (a guard on the cache would recompile the model when it changes)."""
     idx = getattr(module, "layer_idx", None)
     config = getattr(module, "config", None)
+    if compiling():
+        return _first_of_its_kind(idx, config)
+    types = getattr(config, "__dict__", {}).get("layer_types", _NONE)
     hit = _first.get(id(module))
-    if hit is not None and hit[0]() is module and hit[1] == idx and hit[2] is config:
-        return hit[3]
+    if hit is not None and hit[0]() is module and hit[1] == idx and hit[2] is config and hit[3] is types:
+        return hit[4]
     answer = _first_of_its_kind(idx, config)
+    try:
+        ref = weakref.ref(module)
+    except TypeError:  # no weak references to it (a plain namespace): not kept
+        return answer
     if len(_first) >= 4096:  # models come and go in a long process: start again
         _first.clear()
-    _first[id(module)] = (weakref.ref(module), idx, config, answer)
+    _first[id(module)] = (ref, idx, config, types, answer)
     return answer
 
 
@@ -180,13 +191,15 @@ def allow_continuous_batching() -> None:
 
 
 def graphs_by_default() -> None:
-    """transformers 5.2x's continuous batching turns CUDA graphs (and asynchronous batching)
-    on by default for an implementation that needs no attention mask, but decides that from
-    the name (``"flash"`` in it): ``"fa4cache"``, which needs none (transformers builds it none),
-    would decode without graphs, its Python run in every layer of every step. Its
-    configuration is decided again as for a flash implementation, where the user set neither
-    ``use_cuda_graph`` nor ``use_async_batching``; what the user set stands."""
+    """transformers 5.2x's continuous batching treats an implementation that needs no attention
+    mask differently, and decides which do from the name (``"flash"`` in it): CUDA graphs and
+    asynchronous batching on by default, and a paged cache sized without the masks and the
+    repeated KV heads of eager/sdpa. ``"fa4cache"`` needs no mask (transformers builds it none)
+    and reads the gathered keys as they are, as flash implementations do: it gets their
+    defaults and their memory plan. What the user sets (``use_cuda_graph``,
+    ``use_async_batching``) stands."""
     try:
+        from transformers.generation.continuous_batching import cache as cb_cache
         from transformers.generation.continuous_batching import continuous_api, initialization
     except ImportError:
         return
@@ -194,7 +207,7 @@ def graphs_by_default() -> None:
     decide_graphs = getattr(initialization, "decide_use_cuda_graphs", None)
     decide_async = getattr(initialization, "decide_use_async_batching", None)
     if fn is None or decide_graphs is None or decide_async is None or getattr(fn, "__fa4cache__", False):
-        return  # 5.17: graphs are off by default for every implementation
+        return  # an older transformers (5.17 decides no such defaults), or done already
 
     @functools.wraps(fn)
     def resolve_continuous_batching_config(config: Any, cb_config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -212,5 +225,27 @@ def graphs_by_default() -> None:
 
     resolve_continuous_batching_config.__fa4cache__ = True  # type: ignore[attr-defined]
     continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
+    handler = getattr(cb_cache, "PagedAttentionMemoryHandler", None)
+    if handler is not None:
+        _plan_memory_as_flash(handler)
 
 
+def _plan_memory_as_flash(handler: Any) -> None:
+    """The paged cache's memory plan for ``"fa4cache"`` as for a flash implementation: no
+    attention masks (transformers allocates none for it, but would reserve them, twice over
+    with asynchronous batching) and K and V read back at their own head count (no repeat)."""
+    init = handler.__init__
+    if getattr(init, "__fa4cache__", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, config, *args, **kwargs)
+        if getattr(config, "_attn_implementation", None) in (NAME, f"paged|{NAME}") and all(
+            hasattr(self, a) for a in ("num_attention_masks", "kv_heads_at_peak", "num_key_value_heads")
+        ):
+            self.num_attention_masks = 0
+            self.kv_heads_at_peak = 2 * self.num_key_value_heads
+
+    __init__.__fa4cache__ = True  # type: ignore[attr-defined]
+    handler.__init__ = __init__

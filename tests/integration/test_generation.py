@@ -537,6 +537,42 @@ def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_impl
     assert resolved("fa4cache", use_async_batching=False) == ((True, True), False)
 
 
+def test_continuous_batching_plans_fa4cache_memory_as_a_flash_implementation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # transformers sizes its paged cache for an implementation that is not "flash" by name as if
+    # it had attention masks and repeated KV heads (eager/sdpa): "fa4cache" has neither, and
+    # its cache is as large as a flash implementation's (80 GiB said free; the cache on "meta").
+    cb_cache = pytest.importorskip("transformers.generation.continuous_batching.cache")
+    init = pytest.importorskip("transformers.generation.continuous_batching.initialization")
+    if not hasattr(cb_cache, "PagedAttentionMemoryHandler") or not hasattr(init, "decide_use_cuda_graphs"):
+        pytest.skip("this transformers plans no such memory")
+    from fa4cache.adapters import transformers as fht
+    from transformers import LlamaConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import continuous_api
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    fht.register()
+    monkeypatch.setattr(init, "get_accelerator_graph_name", lambda: "CUDAGraph")
+    monkeypatch.setattr(cb_cache, "get_device_and_memory_breakdown", lambda: (torch.device("cuda"), 80 << 30, 0, 0))
+
+    def sectors(impl: str) -> int:
+        cfg = LlamaConfig(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                          num_key_value_heads=2, head_dim=64, vocab_size=151936)  # fmt: skip
+        cfg._attn_implementation = impl
+        resolved = continuous_api.resolve_continuous_batching_config(
+            cfg, ContinuousBatchingConfig(), None, False, device=torch.device("cuda")
+        )
+        cache = cb_cache.PagedAttentionCache(
+            cfg, resolved, "meta", DistributedHelper(None, 60, {}), dtype=torch.bfloat16
+        )
+        return int(cache.num_sectors)
+
+    flash, ours, sdpa = sectors("flash_attention_2"), sectors("fa4cache"), sectors("sdpa")
+    assert ours == flash > sdpa, (ours, flash, sdpa)
+
+
 class _PagedCacheBefore523:
     """The contract of transformers 5.17's ``PagedAttentionCache.update`` for full-attention
     layers (the H200 image's transformers; this venv's newer one updates the cache in the

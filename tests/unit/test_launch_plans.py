@@ -14,6 +14,7 @@ compiled or run. Random decode shapes at sm_90 and sm_100 (the seed is printed):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -374,3 +375,72 @@ def test_fa4s_log_level_changed_at_run_time_is_planned_again(fa4: Recorder, monk
 def test_an_observed_cache_is_unwrapped_for_other_threads(fa4: Recorder) -> None:
     seen = lp._Observed(fa4)
     assert lp.unobserved(seen) is fa4 and lp.unobserved(fa4) is fa4
+
+
+# launch(): the decode layer's entry, where the family stands in for a plain-tensor check
+# before a replay (a plan is made only for plain tensors; type, device and grad are facts).
+
+
+def _scalars(c: dict[str, Any]) -> tuple[Any, ...]:
+    w = c["window"]
+    return (c["tq"], c["scale"], c["causal"], c["softcap"], w, 0 if w is not None else None)
+
+
+def _planned(fa4: Recorder) -> tuple[dict[str, Any], dict[str, int], Any]:
+    c = {**draw(random.Random(SEED + 20)), "d": 128}
+    n, counted = _counted()
+    t = tensors(fa4.mode, c, 30)  # type: ignore[attr-defined]
+    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 30))  # a plan for fake tensors taken as plain
+    assert any(type(p) is lp.Plan for p in lp._plans.values())
+    return c, n, counted
+
+
+@pytest.mark.parametrize("change", ["requires_grad", "device"])
+def test_launch_does_not_replay_a_call_of_another_grad_flag_or_device(fa4: Recorder, change: str) -> None:
+    c, n, counted = _planned(fa4)
+    t = list(tensors(fa4.mode, c, 31))  # type: ignore[attr-defined]
+    with fa4.mode:  # type: ignore[attr-defined]
+        if change == "requires_grad":
+            t[0] = t[0].detach().requires_grad_(True)
+        else:
+            t = [x.to("cuda:1") for x in t]
+    with contextlib.suppress(Exception):  # FA4's own answer to such a call; only a replay is wrong
+        lp.launch(counted, tuple(t), _scalars(c), 31)
+    assert n["whole"] == 2, "a plan of another family was replayed"
+
+
+def test_a_tensor_subclass_is_a_family_of_its_own() -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    q = torch.zeros(2, 1, 4, 64, dtype=torch.float16)
+    k = torch.zeros(20, 1, 64, dtype=torch.float16)
+    t = (q, k, torch.zeros_like(k), torch.zeros_like(q), torch.zeros(3, dtype=torch.int32),
+         torch.zeros(2, dtype=torch.int32))  # fmt: skip
+    s = (1, 0.1, True, 0.0, None, None)
+    assert lp.family(fi, t, s) != lp.family(fi, (q.as_subclass(Sub), *t[1:]), s)
+
+
+def test_launch_never_plans_tensors_that_are_not_plain(fa4: Recorder) -> None:
+    # Fake tensors outside their mode are not plain tensors: FA4 runs whole at every call.
+    c = {**draw(random.Random(SEED + 21)), "d": 128}
+    n, counted = _counted()
+    for tk in (30, 31, 32):
+        lp.launch(counted, tensors(fa4.mode, c, tk), _scalars(c), tk)  # type: ignore[attr-defined]
+    assert n["whole"] == 3 and not any(type(p) is lp.Plan for p in lp._plans.values())
+
+
+def test_launch_does_not_replay_inside_a_fake_mode(fa4: Recorder) -> None:
+    c, n, counted = _planned(fa4)
+    t = tensors(fa4.mode, c, 31)  # type: ignore[attr-defined]
+    with fa4.mode:  # type: ignore[attr-defined]
+        lp.launch(counted, t, _scalars(c), 31)
+    assert n["whole"] == 2
+
+
+def test_launch_replays_a_planned_family(fa4: Recorder) -> None:
+    # The other side of the tests above: the same family at a new key count is replayed.
+    c, n, counted = _planned(fa4)
+    fa4.calls.clear()
+    lp.launch(counted, tensors(fa4.mode, c, 77), _scalars(c), 77)  # type: ignore[attr-defined]
+    assert n["whole"] == 1 and len(fa4.calls) == 1
