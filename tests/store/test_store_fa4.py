@@ -201,12 +201,12 @@ print('RESULT ' + json.dumps({'err': err, 'locks': len(locks), 'free': len(free)
 @pytest.mark.compile
 def test_twenty_packings_through_attention_compile_once(tmp_path: Path) -> None:
     # fa4cache.attention's varlen path: one packing of each kind (causal, bidirectional,
-    # window, prefix-LM) compiles the kernel sets; 20 packings (batch 1-3, any number of
-    # documents) compile exactly as many; another process compiles none.
-    four = run_worker(tmp_path / "four", "attention", "--geometries", "4", "--seed", "1")
-    twenty = run_worker(tmp_path / "twenty", "attention", "--geometries", "20", "--seed", "2")
-    assert four["compiles"] > 0 and twenty["compiles"] == four["compiles"], (four, twenty)
-    again = run_worker(
-        tmp_path / "twenty", "attention", "--geometries", "8", "--seed", "3", PYTHONHASHSEED="7"
+    # window, prefix-LM) compiles the kernel sets; 20 other packings (batch 1-3, any number of
+    # documents) in another process, with another hash seed, compile nothing: they load
+    # exactly those kernels.
+    four = run_worker(tmp_path / "store", "attention", "--geometries", "4", "--seed", "1")
+    twenty = run_worker(
+        tmp_path / "store", "attention", "--geometries", "20", "--seed", "2", PYTHONHASHSEED="7"
     )
-    assert again["compiles"] == 0 and again["disk_hits"] == twenty["compiles"], again
+    assert four["compiles"] > 0, four
+    assert twenty["compiles"] == 0 and twenty["disk_hits"] == four["compiles"], (four, twenty)
