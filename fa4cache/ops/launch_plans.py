@@ -154,13 +154,10 @@ def _no_fake_mode() -> bool:
 
 
 def _plain(tensors: tuple[Any, ...]) -> bool:
-    """Real CUDA tensors that need no gradient, outside a fake mode (where FA4 launches
-    nothing)."""
+    """Real CUDA tensors that need no gradient (:func:`launch` has checked that no fake mode,
+    where FA4 launches nothing, is active)."""
     tensor = sys.modules["torch"].Tensor
-    for t in tensors:
-        if type(t) is not tensor or not t.is_cuda or t.requires_grad:
-            return False
-    return _no_fake_mode()
+    return all(type(t) is tensor and t.is_cuda and not t.requires_grad for t in tensors)
 
 
 class _Observed:
@@ -274,36 +271,13 @@ def plan_of(
     return Plan(cache, key, tuple(slots), tuple(constants))
 
 
-def forward(
-    run_whole: Callable[..., Any],
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    out: Any,
-    cu_seqlens_k: Any,
-    seqused_k: Any,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    softcap: float,
-    window_size_left: int | None,
-    window_size_right: int | None,
-) -> Any:
-    """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
-    family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a stand-in)."""
-    return launch(
-        run_whole, (q, k, v, out, cu_seqlens_k, seqused_k),
-        (max_seqlen_q, softmax_scale, causal, softcap, window_size_left, window_size_right), max_seqlen_k,
-    )  # fmt: skip
-
-
 def launch(
     run_whole: Callable[..., Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...], max_seqlen_k: int
 ) -> Any:
-    """:func:`forward` with its arguments in the orders of :data:`TENSORS` and :data:`SCALARS`
-    (the decode layer's call: no dict of FA4's arguments is made unless FA4 runs whole)."""
+    """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
+    family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a
+    stand-in). ``tensors`` in :data:`TENSORS`' order, ``scalars`` in :data:`SCALARS`';
+    no dict of FA4's arguments is made unless FA4 runs whole (a decode layer's host time)."""
     fi = sys.modules.get("flash_attn.cute.interface")
     # The replay first: this runs in every layer of every decode step, where the host's time
     # is the step's time. No plain-tensor check before it: a plan is made only for plain
@@ -354,8 +328,8 @@ def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
 def replay_or_plan(
     fi: Any, run_whole: Callable[..., Any], tensors: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """:func:`forward` once it is known to apply (FA4's interface module ``fi``): the
-    family's plan replayed, or FA4 run whole (observed, to make the plan)."""
+    """:func:`launch` once it is known to apply (FA4's interface module ``fi``; the tensors
+    taken as plain): the family's plan replayed, or FA4 run whole (observed, to make the plan)."""
     q, k, v, out = tensors[:4]
     fam = _family_if_replayable(fi, tensors, tuple(kwargs[n] for n in SCALARS))
     if fam is None:

@@ -258,12 +258,15 @@ def test_cpu_tensors_run_fa4_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     k = torch.zeros(20, 1, 64)
     out = torch.zeros(2, 1, 4, 64)
     cu, used = torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
-    got = lp.forward(
-        lambda *a, **kw: seen.append(kw) or kw["out"], q, k, k, out=out, cu_seqlens_k=cu, seqused_k=used,
-        max_seqlen_q=1, max_seqlen_k=10, softmax_scale=0.1, causal=True, softcap=0.0,
-        window_size_left=None, window_size_right=None,
+    got = lp.launch(
+        lambda *a, **kw: seen.append(kw) or kw["out"], (q, k, k, out, cu, used),
+        (1, 0.1, True, 0.0, None, None), 10,
     )  # fmt: skip
     assert got is out and len(seen) == 1
+    assert seen[0] == {  # FA4's own argument names
+        "cu_seqlens_k": cu, "seqused_k": used, "max_seqlen_q": 1, "max_seqlen_k": 10, "softmax_scale": 0.1,
+        "causal": True, "softcap": 0.0, "window_size_left": None, "window_size_right": None, "out": out,
+    }  # fmt: skip
 
 
 def test_the_check_sees_a_planning_that_reads_the_key_count(
