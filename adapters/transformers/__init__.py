@@ -55,7 +55,7 @@ from fa4cache.ops import kv_cache, packed_attention
 from fa4cache.ops.step_mask import set_max_documents
 
 from .attention import attention_forward
-from .common import NAME
+from .common import NAME, NAMES
 from .common import warned as _warned  # noqa: F401  (tests clear it)
 from .fallback import fallback as _fallback  # noqa: F401
 from .generation import allow_continuous_batching
@@ -83,10 +83,8 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     compile_ahead.watch_model_loads()
     packed_attention.op()
     kv_cache.op()
-    # "paged|fa4cache" too, for code written for transformers before 5.2x, which accepts a
-    # "paged|" implementation only when that exact name is registered (5.2x deprecates the
-    # prefix: plain "fa4cache" is the name for generate_batch on both).
-    for name in (NAME, f"paged|{NAME}"):
+    # (5.2x deprecates the "paged|" prefix: plain "fa4cache" is the name for generate_batch on both.)
+    for name in NAMES:
         AttentionInterface.register(name, attention_forward)
         AttentionMaskInterface.register(name, padding_mask)
     allow_continuous_batching()

@@ -9,6 +9,9 @@ from typing import Any
 log = logging.getLogger("fa4cache.adapters.transformers")
 
 NAME = "fa4cache"
+# Both names the adapter registers: "paged|fa4cache" for code written for transformers before
+# 5.2x, which accepts a "paged|" implementation only when that exact name is registered.
+NAMES = (NAME, f"paged|{NAME}")
 warned: set[str] = set()
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from fa4cache.ops import kv_cache
 
-from .common import NAME, compiling, first_kwarg, host_int, per_layer_type
+from .common import NAMES, compiling, first_kwarg, host_int, per_layer_type
 
 
 def _window_and_scale(query: Any, sliding_window: int | None, scaling: float | None) -> tuple[int | None, float]:
@@ -166,6 +167,21 @@ def block_table_attention(
     )  # fmt: skip
 
 
+def _ours(config: Any) -> bool:
+    return getattr(config, "_attn_implementation", None) in NAMES
+
+
+def _patch_once(owner: Any, name: str, wrap: Callable[[Any], Callable[..., Any]]) -> None:
+    """``owner.name`` replaced by ``wrap(owner.name)`` (its name and docs kept), unless an
+    earlier ``register()`` did it already."""
+    fn = getattr(owner, name)
+    if getattr(fn, "__fa4cache__", False):
+        return
+    patched = functools.wraps(fn)(wrap(fn))
+    patched.__fa4cache__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, patched)
+
+
 def allow_continuous_batching() -> None:
     """Let ``generate_batch`` / ``ContinuousBatchingManager`` keep ``"fa4cache"`` (or
     ``"paged|fa4cache"``, which transformers reads as ``"fa4cache"``): transformers accepts
@@ -175,18 +191,16 @@ def allow_continuous_batching() -> None:
         from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
     except ImportError:
         return
-    fn = ContinuousBatchingManager.switch_to_cb_friendly_attn
-    if getattr(fn, "__fa4cache__", False):
-        return
 
-    @functools.wraps(fn)
-    def switch_to_cb_friendly_attn(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        if model.config._attn_implementation in (NAME, f"paged|{NAME}"):
-            return None
-        return fn(self, model, *args, **kwargs)
+    def wrap(fn: Any) -> Any:
+        def switch_to_cb_friendly_attn(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+            if _ours(model.config):
+                return None
+            return fn(self, model, *args, **kwargs)
 
-    switch_to_cb_friendly_attn.__fa4cache__ = True  # type: ignore[attr-defined]
-    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn  # type: ignore[method-assign]
+        return switch_to_cb_friendly_attn
+
+    _patch_once(ContinuousBatchingManager, "switch_to_cb_friendly_attn", wrap)
     graphs_by_default()
 
 
@@ -203,49 +217,44 @@ def graphs_by_default() -> None:
         from transformers.generation.continuous_batching import continuous_api, initialization
     except ImportError:
         return
-    fn = getattr(continuous_api, "resolve_continuous_batching_config", None)
     decide_graphs = getattr(initialization, "decide_use_cuda_graphs", None)
     decide_async = getattr(initialization, "decide_use_async_batching", None)
-    if fn is None or decide_graphs is None or decide_async is None or getattr(fn, "__fa4cache__", False):
-        return  # an older transformers (5.17 decides no such defaults), or done already
+    if not hasattr(continuous_api, "resolve_continuous_batching_config") or None in (decide_graphs, decide_async):
+        return  # an older transformers: 5.17 decides no such defaults
 
-    @functools.wraps(fn)
-    def resolve_continuous_batching_config(config: Any, cb_config: Any, *args: Any, **kwargs: Any) -> Any:
-        resolved = fn(config, cb_config, *args, **kwargs)
-        if getattr(config, "_attn_implementation", None) not in (NAME, f"paged|{NAME}"):
+    def resolve(fn: Any) -> Any:
+        def resolve_continuous_batching_config(config: Any, cb_config: Any, *args: Any, **kwargs: Any) -> Any:
+            resolved = fn(config, cb_config, *args, **kwargs)
+            if not _ours(config):
+                return resolved
+            if cb_config.use_cuda_graph is None:
+                resolved.use_cuda_graph = None
+                requested = any([cb_config.q_padding_interval_size, cb_config.kv_padding_interval_size])
+                decide_graphs(cb_config=resolved, is_attn_mask_needed=False, cuda_graph_requested=requested)
+            if cb_config.use_async_batching is None:
+                resolved.use_async_batching = None
+                decide_async(cb_config=resolved, is_attn_mask_needed=False)
             return resolved
-        if cb_config.use_cuda_graph is None:
-            resolved.use_cuda_graph = None
-            requested = any([cb_config.q_padding_interval_size, cb_config.kv_padding_interval_size])
-            decide_graphs(cb_config=resolved, is_attn_mask_needed=False, cuda_graph_requested=requested)
-        if cb_config.use_async_batching is None:
-            resolved.use_async_batching = None
-            decide_async(cb_config=resolved, is_attn_mask_needed=False)
-        return resolved
 
-    resolve_continuous_batching_config.__fa4cache__ = True  # type: ignore[attr-defined]
-    continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
+        return resolve_continuous_batching_config
+
+    _patch_once(continuous_api, "resolve_continuous_batching_config", resolve)
     handler = getattr(cb_cache, "PagedAttentionMemoryHandler", None)
     if handler is not None:
-        _plan_memory_as_flash(handler)
+        _patch_once(handler, "__init__", _memory_as_flash)
 
 
-def _plan_memory_as_flash(handler: Any) -> None:
+def _memory_as_flash(init: Any) -> Any:
     """The paged cache's memory plan for ``"fa4cache"`` as for a flash implementation: no
     attention masks (transformers allocates none for it, but would reserve them, twice over
     with asynchronous batching) and K and V read back at their own head count (no repeat)."""
-    init = handler.__init__
-    if getattr(init, "__fa4cache__", False):
-        return
 
-    @functools.wraps(init)
     def __init__(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
         init(self, config, *args, **kwargs)
-        if getattr(config, "_attn_implementation", None) in (NAME, f"paged|{NAME}") and all(
+        if _ours(config) and all(
             hasattr(self, a) for a in ("num_attention_masks", "kv_heads_at_peak", "num_key_value_heads")
         ):
             self.num_attention_masks = 0
             self.kv_heads_at_peak = 2 * self.num_key_value_heads
 
-    __init__.__fa4cache__ = True  # type: ignore[attr-defined]
-    handler.__init__ = __init__
+    return __init__
