@@ -177,7 +177,7 @@ def _micro(shape: str, B: int, Tk: int) -> dict[str, Any]:
 
     cu, used = kv_cache._sequences(mask2, None, B, Hkv, Tk)
     n = B * Hkv
-    qq = q.view(B, Hkv, Hq // Hkv, 1, D).transpose(2, 3).reshape(n, 1, Hq // Hkv, D)
+    qq = kv_cache._query_view(q, B, Hkv, Hq // Hkv, 1, D)  # the layout fa4cache hands FA4
     kk, vv = k.reshape(n * Tk, 1, D), v.reshape(n * Tk, 1, D)
     res = q.new_empty(n, 1, Hq // Hkv, D)
 
