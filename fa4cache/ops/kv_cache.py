@@ -29,6 +29,7 @@ the device (``torch._assert_async``) rather than attended wrong.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from fa4cache.errors import quiet_library_warnings
@@ -183,8 +184,6 @@ def sequences(
     src = attention_mask if attention_mask is not None else position_ids
     if not share or src is None or not _shareable(src):
         return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
-    import weakref
-
     key = (_tensor_key(src), attention_mask is None, batch, heads_kv, keys)
     hit = _step.get(key)
     if hit is not None and hit[0]() is src and (hit[1] or not check):
