@@ -14,8 +14,11 @@ Like with like:
 * every implementation is warmed by ``--warm`` (2) full untimed runs of the same job
   before any timed run (sdpa's first calls were seen 10x slower than its steady state);
 * the same number of new tokens for each: ``min_new_tokens == max_new_tokens``, no eos;
-* ``--repeats`` (3) timed runs per implementation, in alternating order (ABAB..., then
-  BABA..), the median reported;
+* ``--repeats`` (3) rounds of timed runs, one per implementation, in alternating order
+  (AB, BA, AB, ...): tok/s is each implementation's median, the ratio the median of the
+  rounds' own ratios with their range beside it (a host that drifts between rounds moves
+  both runs of a round alike; the range is the run's noise);
+* Python's collector runs before each timed run and is off during it;
 * a per-step profile beside the table, from inside ``generate`` (eager path): the attention
   call's host µs per layer, kernel launches and host syncs per step, kernels per layer, GPU
   busy ms per step (torch.profiler), beside the timed runs' ms per step;
@@ -156,17 +159,33 @@ def sync() -> None:
 
 
 def timed(fn: Any) -> tuple[float, Any]:
+    """``fn()``'s wall seconds, the GPU drained on both sides. Python's collector runs first
+    and not during the run: an eager decode is bound by the host, and a collection landing in
+    one implementation's run and not the other's is noise the size of the difference measured."""
     sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return time.perf_counter() - t0, out
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return time.perf_counter() - t0, out
+    finally:
+        gc.enable()
 
 
 def gen_kwargs(new: int) -> dict[str, Any]:
     """Exactly ``new`` tokens, greedy, no early stop."""
     return {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "eos_token_id": None,
             "pad_token_id": 0}  # fmt: skip
+
+
+def round_ratios(results: dict[str, dict[str, Any]]) -> list[float]:
+    """fa4cache's speed over sdpa's in each round of the timed runs (the two run back to back,
+    in alternating order): a host that drifts between rounds moves both sides of a round alike,
+    so the median of these is the ratio reported, and their range is the run's noise."""
+    ours, base = results.get("fa4cache", {}).get("times", []), results.get(ANCHOR, {}).get("times", [])
+    return [b / o for o, b in zip(ours, base)]
 
 
 def run_once(path: str, model: Any, ids: Any, mask: Any, new: int) -> tuple[float, int]:
@@ -439,6 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             results[impl]["tokens"] = tokens
                             results[impl]["graph_replays"] = replays[0]
                     job["fa4_compiles_timed"] = compiles(store) - before["fa4"]
+                    job["round_ratios"] = round_ratios(results)
                     job["dynamo_graphs_timed"] = dynamo_frames() - before["dynamo"]
                     if path == "generate" and a.profile_new:
                         for impl in live:
@@ -491,6 +511,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return data
 
 
+def _ratio(row: dict[str, Any], ours: float | None, base: float | None) -> str:
+    """The median of the rounds' ratios, their range beside it (the tokens of both runs are the
+    same, so a ratio of times is one of tokens/s)."""
+    rounds = row.get("round_ratios") or []
+    if rounds:
+        med = statistics.median(rounds)
+        return f"{med:.2f}x ({min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else f"{med:.2f}x"
+    return f"{ours / base:.2f}x" if ours and base else "-"
+
+
 def _save(a: Any, data: dict[str, Any]) -> None:
     rows = []
     for r in data["rows"]:
@@ -507,7 +537,7 @@ def _save(a: Any, data: dict[str, Any]) -> None:
             *head,
             f"{ours:.0f}" if ours else "-",
             f"{base:.0f}" if base else "-",
-            f"{ours / base:.2f}x" if ours and base else "-",
+            _ratio(r, ours, base),
             f"{fa4:.0f}" if fa4 else "-",
             r.get("fa4_compiles_timed", ""),
             "/".join(str(r["impls"].get(i, {}).get("graph_replays", "-")) for i in ("fa4cache", ANCHOR)),
@@ -523,7 +553,8 @@ def _save(a: Any, data: dict[str, Any]) -> None:
     save(
         a.name,
         f"Decoding through transformers in steady state (random bf16 weights; {a.warm} untimed runs per "
-        f"implementation, then the median of {a.repeats} in alternating order; exactly {a.new} new tokens)",
+        f"implementation, then {a.repeats} rounds in alternating order, tok/s their median; exactly {a.new} new "
+        "tokens; Python's collector run before each timed run and off during it)",
         [
             (
                 "Tokens/s (whole run, prefill included; ratio over sdpa on the same path)",
@@ -536,7 +567,7 @@ def _save(a: Any, data: dict[str, Any]) -> None:
                         "new",
                         "fa4cache tok/s",
                         "sdpa tok/s",
-                        "fa4cache / sdpa",
+                        "fa4cache / sdpa (median of rounds; range)",
                         "flash_attention_4 tok/s",
                         "FA4 compiles (timed)",
                         "CUDA graph replays per run (fa4cache/sdpa)",

@@ -40,7 +40,7 @@ def attention_forward(
             return _attention_forward(*args, **kwargs)
         # A decode step first, outside the warnings filter (it costs a decode layer ~10 % of its
         # host time; the step's FA4 call is quieted where it may compile: kv_cache._launch).
-        out = _decode_step(*args, kwargs)
+        out = _decode_step(*args, kwargs, False)
         if out is not None:
             return out, None
         with quiet_library_warnings():  # CUTLASS's aux_data note on a compile: not the user's
@@ -71,10 +71,12 @@ def _decode_step(
     softcap: float | None,
     is_causal: bool | None,
     kwargs: dict[str, Any],
+    compiled: bool,
 ) -> Any:
     """A plain KV-cache step (``generate``'s decode, or a prefill into a static cache) on FA4,
     or None where it is not one (the general path decides). Checked first and cheaply: it
-    runs in every layer of every decode step, where host time is the step's time."""
+    runs in every layer of every decode step, where host time is the step's time (hence
+    ``compiled``, whether torch.compile traces, asked once by the caller)."""
     if query.shape[2] == key.shape[2] or dropout:
         return None
     for name in _NOT_PLAIN:
@@ -85,7 +87,7 @@ def _decode_step(
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     return generation.kv_cache_attention(
         query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
-        generation.first_of_its_kind(module),
+        generation.first_of_its_kind(module, compiled), compiled,
     )  # fmt: skip
 
 
@@ -102,9 +104,11 @@ def _attention_forward(
     is_causal: bool | None,
     **kwargs: Any,
 ) -> tuple[Any, None]:
+    compiled = compiling()
     out = _decode_step(
-        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs
-    )
+        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs,
+        compiled,
+    )  # fmt: skip
     if out is not None:
         return out, None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -146,7 +150,7 @@ def _attention_forward(
         if why is None:
             return generation.kv_cache_attention(
                 query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
-                generation.first_of_its_kind(module),
+                generation.first_of_its_kind(module, compiled), compiled,
             ), None  # fmt: skip
     elif dropout:
         why = "attention dropout"
@@ -180,7 +184,7 @@ def _attention_forward(
     # Under torch.compile a host int here would be a guard that recompiles per packing:
     # it is not read at all then (FA4 bounds by the total, without a sync).
     max_seqlen = None
-    if not compiling():
+    if not compiled:
         max_seqlen = host_int(first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     out, _ = packed_attention.op()(

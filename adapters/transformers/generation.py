@@ -65,16 +65,17 @@ _first: dict[int, tuple[Any, Any, Any, Any, bool]] = {}
 _NONE = object()
 
 
-def first_of_its_kind(module: Any) -> bool:
+def first_of_its_kind(module: Any, compiled: bool | None = None) -> bool:
     """Whether ``module`` is the first layer of its type (full, sliding): the step's mask is
     checked there, once per step and kind, not in every layer (each check is several kernel
     launches, a decode step's main cost at small sizes). Kept per module while its
     ``layer_idx``, ``config`` and the config's ``layer_types`` are the same objects (a list
     changed in place is not seen: give the config a new one); not kept while torch.compile
-    traces (a guard on the cache would recompile the model when it changes)."""
+    traces (a guard on the cache would recompile the model when it changes). ``compiled``:
+    whether it does, where the caller knows (else asked)."""
     idx = getattr(module, "layer_idx", None)
     config = getattr(module, "config", None)
-    if compiling():
+    if compiling() if compiled is None else compiled:
         return _first_of_its_kind(idx, config)
     types = getattr(config, "__dict__", {}).get("layer_types", _NONE)
     hit = _first.get(id(module))
@@ -111,14 +112,15 @@ def kv_cache_attention(
     scaling: float | None,
     softcap: float | None,
     check_mask: bool = True,
+    compiled: bool | None = None,
 ) -> Any:
     """A step over a KV cache on FA4 (:mod:`fa4cache.ops.kv_cache`). The window is passed whenever the
     layer has one, even while the cache is shorter: the kernel then stays the same as the
-    cache grows past it."""
+    cache grows past it. ``compiled``: whether torch.compile traces, where the caller knows."""
     window, scale = _window_and_scale(query, sliding_window, scaling)
     pos = kwargs.get("position_ids") if attention_mask is None else None
     args = (query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check_mask)
-    if compiling():  # one opaque node to the compiler
+    if compiling() if compiled is None else compiled:  # one opaque node to the compiler
         return kv_cache.op()(*args)
     # Eager: the op's body itself (the dispatcher's round trip is host time in every layer).
     return kv_cache.forward(*args, share=True)

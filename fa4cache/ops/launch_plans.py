@@ -88,16 +88,44 @@ _verified: list[bool] = []  # [whether the installed FA4's sources are verified]
 
 def fa4_settings(fi: Any) -> tuple[Any, ...]:
     """What FA4 reads besides its arguments when it plans a forward call: the device arch,
-    its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level."""
+    its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level. Read as
+    the verified sources (:data:`VERIFIED_FA4_SOURCES`) keep them, module globals behind
+    FA4's getters: a function call less for each, in every decode layer."""
     u = fi.utils
+    (sms,) = _environ(_FA4_VARS)
     return (
-        fi._get_device_arch(),
-        u._get_use_clc_scheduler_default(),
-        u._get_disable_2cta_default(is_fwd=True),
-        u._get_disable_s_ping_pong_default(),
-        os.environ.get("FLASH_ATTENTION_NUM_SMS"),
-        fi.fa_logging.get_fa_log_level(),  # in FA4's compile key (device printf)
+        fi._get_device_arch(),  # kept by FA4 for the process (functools.lru_cache)
+        u._fa_clc_enabled,
+        u._fa_disable_2cta_enabled,
+        u._fa_disable_2cta_cuda12,
+        u._fa_disable_s_ping_pong_enabled,
+        sms,
+        fi.fa_logging._fa_log_level,  # in FA4's compile key (device printf)
     )
+
+
+_FA4_VARS = ("FLASH_ATTENTION_NUM_SMS",)  # what FA4 reads from the environment when it plans
+
+
+def _environ(names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The raw values of ``names`` in ``os.environ`` (None where unset), in the encoded form
+    CPython keeps them in (bytes on POSIX). ``os.environ.get`` encodes the name and decodes
+    the value at each call, about a microsecond each: a decode layer reads these in every call.
+    Anything that is not CPython's own ``os.environ`` (a dict put in its place) is read as a
+    mapping."""
+    env = os.environ
+    data = getattr(env, "_data", None)
+    encode = getattr(env, "encodekey", None)
+    if type(data) is not dict or encode is None:
+        return tuple(env.get(n) for n in names)
+    keys = _encoded.get(names)
+    if keys is None:
+        keys = _encoded[names] = tuple(encode(n) for n in names)
+    get = data.get
+    return tuple(get(k) for k in keys)
+
+
+_encoded: dict[tuple[str, ...], tuple[Any, ...]] = {}
 
 
 def _pointers(tensors: tuple[Any, ...]) -> list[int]:
@@ -132,8 +160,17 @@ def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple
     )  # fmt: skip
 
 
+_switch: list[Any] = [object(), None]  # FA4CACHE_LAUNCH_PLANS as last read: [raw value, parsed]
+
+
+_SWITCH_VAR = ("FA4CACHE_LAUNCH_PLANS",)
+
+
 def enabled() -> bool:
-    if not setting("FA4CACHE_LAUNCH_PLANS"):
+    (raw,) = _environ(_SWITCH_VAR)
+    if raw != _switch[0]:  # parsed again only when changed (a decode layer reads it each call)
+        _switch[:] = [raw, setting("FA4CACHE_LAUNCH_PLANS")]
+    if not _switch[1]:
         return False
     if not _verified:
         from fa4cache.fingerprint import fa4_source_digest
@@ -347,7 +384,7 @@ def _plan(
     q, k, v = tensors[:3]
     if _plans.get(fam) is _NOT_PLANNED:
         return run_whole(q, k, v, **kwargs)
-    if k.shape[0] < 2 or fi._get_device_arch() not in VERIFIED_ARCHS:
+    if k.shape[0] < 2 or fam[-2][0] not in VERIFIED_ARCHS:
         # One key row: torch calls k contiguous whatever its row stride, so whether FA4 would
         # copy k is not yet known for the family (it is from two rows on). An arch whose
         # planning was not checked: FA4 plans.

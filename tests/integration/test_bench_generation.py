@@ -64,6 +64,7 @@ def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does
             e = r["impls"][impl]
             assert e["runs"] == 3 and e["tokens"] == r["batch"] * 5 and e["tokens_per_s"] > 0, e
         assert r["fa4_compiles_timed"] >= 0
+        assert len(r["round_ratios"]) == 3 and all(x > 0 for x in r["round_ratios"]), r
     # Per job: warm-ups (fa4cache, sdpa: 2 each), then timed ABAB order reversed every round.
     first = [impl for impl, _ in calls[:7]]
     assert first == ["fa4cache", "fa4cache", "sdpa", "sdpa", "fa4cache", "sdpa", "sdpa"], first
@@ -101,3 +102,16 @@ def test_the_job_list_puts_the_priorities_first_then_the_grid(bench: Any) -> Non
     assert jobs[: len(bench.PRIORITY)] == [bench.parse_job(s) for s in bench.PRIORITY]
     assert len(jobs) == len(set(jobs)) == len(bench.PATHS) * 2 * 4 * 2 + 1  # + llama-d128, off the shapes
     assert ("generate", "qwen3-4b", 64, 128) in jobs
+
+
+def test_a_timed_run_has_the_collector_off_and_the_ratio_is_paired_by_round(bench: Any) -> None:
+    import gc
+
+    secs, during = bench.timed(gc.isenabled)
+    assert during is False and gc.isenabled() and secs >= 0
+    # Round 2's host was twice as slow for both: the paired ratio stays 2, a ratio of
+    # per-implementation medians would not.
+    results = {"fa4cache": {"times": [1.0, 2.0, 1.0]}, "sdpa": {"times": [2.0, 4.0, 2.5]}}
+    assert bench.round_ratios(results) == [2.0, 2.0, 2.5]
+    assert bench._ratio({"round_ratios": [2.0, 2.0, 2.5]}, None, None) == "2.00x (2.00-2.50)"
+    assert bench.round_ratios({"fa4cache": {"times": [1.0]}}) == []

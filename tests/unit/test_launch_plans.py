@@ -211,13 +211,51 @@ def test_unchanged_state_replays(fa4: Recorder) -> None:
     assert _plan_then(fa4, lambda: None) == 1
 
 
+_FA4_SWITCHES = ("_fa_clc_enabled", "_fa_disable_2cta_enabled", "_fa_disable_2cta_cuda12",
+                 "_fa_disable_s_ping_pong_enabled")  # fmt: skip
+
+
+@pytest.mark.parametrize("change", ["FLASH_ATTENTION_NUM_SMS", "FLASH_ATTENTION_ARCH", *_FA4_SWITCHES])
 def test_an_fa4_setting_changed_at_run_time_is_planned_again(
-    fa4: Recorder, monkeypatch: pytest.MonkeyPatch
+    fa4: Recorder, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, change: str
 ) -> None:
-    assert _plan_then(fa4, lambda: monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "78")) == 2
-    lp.clear()
-    clc = fi.utils._get_use_clc_scheduler_default()
-    assert _plan_then(fa4, lambda: monkeypatch.setattr(fi.utils, "_fa_clc_enabled", not clc)) == 2
+    if change == "FLASH_ATTENTION_NUM_SMS":
+        flip: Any = lambda: monkeypatch.setenv(change, "78")  # noqa: E731
+    elif change == "FLASH_ATTENTION_ARCH":
+        # FA4 keeps its arch for the process (lru_cache): it changes only with the cache cleared.
+        other = "sm_100" if fi._get_device_arch() == 90 else "sm_90"
+        request.addfinalizer(fi._get_device_arch.cache_clear)  # read again after the env is restored
+
+        def flip() -> None:
+            monkeypatch.setenv(change, other)
+            fi._get_device_arch.cache_clear()
+
+    else:
+        flip = lambda: monkeypatch.setattr(fi.utils, change, not getattr(fi.utils, change))  # noqa: E731
+    assert _plan_then(fa4, flip) == 2
+
+
+def test_fa4_settings_read_what_fa4s_own_getters_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The family reads FA4's globals and the raw environment, not FA4's getters: for every state
+    # of the switches and the SM-count override, it must tell apart what the getters do.
+    u = fi.utils
+    for bits in range(1 << len(_FA4_SWITCHES)):
+        for i, name in enumerate(_FA4_SWITCHES):
+            monkeypatch.setattr(u, name, bool(bits >> i & 1))
+        for sms in ("78", "132", None):
+            if sms is None:
+                monkeypatch.delenv("FLASH_ATTENTION_NUM_SMS", raising=False)
+            else:
+                monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", sms)
+            arch, clc, two_cta, cuda12, ping_pong, sms_read, level = lp.fa4_settings(fi)
+            assert arch == fi._get_device_arch()
+            assert clc == u._get_use_clc_scheduler_default()
+            assert (two_cta or cuda12) == u._get_disable_2cta_default(is_fwd=True)
+            assert ping_pong == u._get_disable_s_ping_pong_default()
+            assert sms_read == (None if sms is None else os.fsencode(sms))
+            assert level == fi.fa_logging.get_fa_log_level()
+    monkeypatch.setattr(os, "environ", {"FLASH_ATTENTION_NUM_SMS": "16"})  # a plain mapping in its place
+    assert lp.fa4_settings(fi)[5] == "16"
 
 
 def test_a_cleared_compile_cache_is_planned_again(fa4: Recorder) -> None:
@@ -250,6 +288,12 @@ def test_unverified_fa4_and_the_setting_turn_plans_off(monkeypatch: pytest.Monke
     assert lp.enabled()
     monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
     assert not lp.enabled()
+    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "1")  # read again at the next call, not kept
+    assert lp.enabled()
+    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+    assert not lp.enabled()
+    monkeypatch.delenv("FA4CACHE_LAUNCH_PLANS")
+    assert lp.enabled()
 
 
 def test_cpu_tensors_run_fa4_whole(monkeypatch: pytest.MonkeyPatch) -> None:
