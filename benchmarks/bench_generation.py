@@ -163,6 +163,7 @@ def timed(fn: Any) -> tuple[float, Any]:
     and not during the run: an eager decode is bound by the host, and a collection landing in
     one implementation's run and not the other's is noise the size of the difference measured."""
     sync()
+    was_on = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
@@ -171,7 +172,8 @@ def timed(fn: Any) -> tuple[float, Any]:
         sync()
         return time.perf_counter() - t0, out
     finally:
-        gc.enable()
+        if was_on:
+            gc.enable()
 
 
 def gen_kwargs(new: int) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def attention_forward(
             return _attention_forward(*args, **kwargs)
         # A decode step first, outside the warnings filter (it costs a decode layer ~10 % of its
         # host time; the step's FA4 call is quieted where it may compile: kv_cache._launch).
-        out = _decode_step(*args, kwargs, False)
+        out = _decode_step(*args, kwargs)
         if out is not None:
             return out, None
         with quiet_library_warnings():  # CUTLASS's aux_data note on a compile: not the user's
@@ -71,12 +71,12 @@ def _decode_step(
     softcap: float | None,
     is_causal: bool | None,
     kwargs: dict[str, Any],
-    compiled: bool,
 ) -> Any:
     """A plain KV-cache step (``generate``'s decode, or a prefill into a static cache) on FA4,
     or None where it is not one (the general path decides). Checked first and cheaply: it
-    runs in every layer of every decode step, where host time is the step's time (hence
-    ``compiled``, whether torch.compile traces, asked once by the caller)."""
+    runs in every layer of every decode step, where host time is the step's time. Whether
+    torch.compile traces is asked here, once, not taken from the caller: dynamo may trace
+    this function as a frame of its own after a graph break left the caller's eager."""
     if query.shape[2] == key.shape[2] or dropout:
         return None
     for name in _NOT_PLAIN:
@@ -85,6 +85,7 @@ def _decode_step(
     if generation.kv_cache_fallback(query, attention_mask, kwargs, dropout) is not None:
         return None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    compiled = compiling()
     return generation.kv_cache_attention(
         query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
         generation.first_of_its_kind(module, compiled), compiled,
@@ -104,11 +105,10 @@ def _attention_forward(
     is_causal: bool | None,
     **kwargs: Any,
 ) -> tuple[Any, None]:
-    compiled = compiling()
     out = _decode_step(
-        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs,
-        compiled,
-    )  # fmt: skip
+        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs
+    )
+    compiled = compiling()
     if out is not None:
         return out, None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

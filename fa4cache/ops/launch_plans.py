@@ -90,7 +90,9 @@ def fa4_settings(fi: Any) -> tuple[Any, ...]:
     """What FA4 reads besides its arguments when it plans a forward call: the device arch,
     its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level. Read as
     the verified sources (:data:`VERIFIED_FA4_SOURCES`) keep them, module globals behind
-    FA4's getters: a function call less for each, in every decode layer."""
+    FA4's getters: a function call less for each, in every decode layer. A getter replaced
+    at run time (``utils._get_use_clc_scheduler_default`` and the like) is not seen: a
+    process that patches FA4's functions sets ``FA4CACHE_LAUNCH_PLANS=0``."""
     u = fi.utils
     (sms,) = _environ(_FA4_VARS)
     return (
@@ -117,15 +119,20 @@ def _environ(names: tuple[str, ...]) -> tuple[Any, ...]:
     data = getattr(env, "_data", None)
     encode = getattr(env, "encodekey", None)
     if type(data) is not dict or encode is None:
-        return tuple(env.get(n) for n in names)
-    keys = _encoded.get(names)
+        # bytes as on the fast path: a family never holds a str where another holds bytes
+        return tuple(_as_bytes(env.get(n)) for n in names)
+    keys = _encoded.get((names, encode))  # by encoder too: another os.environ may encode otherwise
     if keys is None:
-        keys = _encoded[names] = tuple(encode(n) for n in names)
+        keys = _encoded[names, encode] = tuple(encode(n) for n in names)
     get = data.get
-    return tuple(get(k) for k in keys)
+    return tuple(_as_bytes(get(k)) for k in keys)
 
 
-_encoded: dict[tuple[str, ...], tuple[Any, ...]] = {}
+def _as_bytes(value: Any) -> Any:
+    return os.fsencode(value) if type(value) is str else value
+
+
+_encoded: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _pointers(tensors: tuple[Any, ...]) -> list[int]:
@@ -169,7 +176,9 @@ _SWITCH_VAR = ("FA4CACHE_LAUNCH_PLANS",)
 def enabled() -> bool:
     (raw,) = _environ(_SWITCH_VAR)
     if raw != _switch[0]:  # parsed again only when changed (a decode layer reads it each call)
-        _switch[:] = [raw, setting("FA4CACHE_LAUNCH_PLANS")]
+        # The value compared is the value parsed: the environment read again could have changed.
+        environ = {} if raw is None else {_SWITCH_VAR[0]: os.fsdecode(raw)}
+        _switch[:] = [raw, setting(_SWITCH_VAR[0], environ)]
     if not _switch[1]:
         return False
     if not _verified:

@@ -274,16 +274,18 @@ def test_lock_holder_killed_while_compiling(tmp_path: Path, record: Any) -> None
 
 
 @pytest.mark.compile
-def test_sixteen_cold_processes_random_geometries(tmp_path: Path, record: Any) -> None:
+def test_eight_cold_processes_random_geometries(tmp_path: Path, record: Any) -> None:
+    # Eight: four times the CI machine's cores, and every one of them races for the same
+    # four kernels (16 took a minute of a 2-core machine for the same coverage).
     d = tmp_path / "cache"
-    procs = [start_worker(d, "geometries", "--geometries", "2", "--seed", str(100 + i)) for i in range(16)]
+    procs = [start_worker(d, "geometries", "--geometries", "2", "--seed", str(100 + i)) for i in range(8)]
     results = [finish(p, timeout=900) for p in procs]
     total = sum(r["compiles"] for r in results)
     assert total == 4, [r["compiles"] for r in results]
     assert len(list((d / LAYOUT).glob("*/*/*.o"))) == 4
     assert all(r["corrupt"] == 0 for r in results)
     record(
-        "16 processes, cold store, random layouts",
+        "8 processes, cold store, random layouts",
         "started together",
         "4 distinct kernels, 4 compiles in total, no errors",
     )

@@ -166,6 +166,7 @@ def test_bundle_export_takes_every_toolchain_or_counts_what_it_left_out(tmp_path
 # ------------------------------------------------------------------ 3, 5: warm's presence check
 
 
+@pytest.mark.xdist_group("cli_truth_warmed")  # one worker warms the module's store once
 @pytest.mark.compile
 def test_default_parallel_warm_quarantines_and_recompiles_a_corrupt_entry(
     warmed: dict[str, Any], warmed_copy: Path
@@ -183,6 +184,7 @@ def test_default_parallel_warm_quarantines_and_recompiles_a_corrupt_entry(
     assert list((warmed_copy / "quarantine").glob("*.o"))
 
 
+@pytest.mark.xdist_group("cli_truth_warmed")  # one worker warms the module's store once
 @pytest.mark.compile
 def test_a_presence_check_by_warm_counts_as_last_used(warmed: dict[str, Any], warmed_copy: Path) -> None:
     old = time.time() - 3 * 86400
@@ -201,6 +203,7 @@ def test_a_presence_check_by_warm_counts_as_last_used(warmed: dict[str, Any], wa
 # ------------------------------------------------------------------ 4: warm --replay
 
 
+@pytest.mark.xdist_group("cli_truth_warmed")  # one worker warms the module's store once
 @pytest.mark.compile
 def test_replay_honours_arch_and_names_what_it_left_out(warmed: dict[str, Any], warmed_copy: Path) -> None:
     spec = {"mask": "document", "backward": False, "seqlen": 512, "heads": 4, "arch": "sm_100"}
@@ -233,6 +236,7 @@ def test_replay_reads_jit_specs(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ 7, 8, 14: what warm prints
 
 
+@pytest.mark.xdist_group("cli_truth_warmed")  # one worker warms the module's store once
 @pytest.mark.compile
 def test_warm_prints_no_warnings_the_user_cannot_act_on_and_shows_progress(warmed: dict[str, Any]) -> None:
     err = warmed["proc"].stderr
@@ -501,6 +505,7 @@ def test_quack_kernels_are_replayed_and_exported(tmp_path: Path) -> None:
     assert "quack.rmsnorm_fwd 1" in e.stdout and "left out" not in e.stdout
 
 
+@pytest.mark.xdist_group("cli_truth_warmed")  # one worker warms the module's store once
 @pytest.mark.compile
 def test_warm_on_a_terminal_draws_a_progress_bar(warmed: dict[str, Any], warmed_copy: Path) -> None:
     import pty

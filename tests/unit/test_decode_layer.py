@@ -123,3 +123,23 @@ def test_first_of_its_kind_keeps_nothing_while_torch_compile_traces(monkeypatch:
     layer = _Layer(0, SimpleNamespace(layer_types=["full"]))
     assert generation.first_of_its_kind(layer)
     assert not generation._first  # a guard on the memo would recompile the model when it changes
+
+
+def test_a_decode_step_traced_as_a_frame_of_its_own_goes_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a graph break dynamo may run the adapter's entry eagerly and trace _decode_step as
+    # a frame of its own: it must ask whether it is traced itself (the op, opaque to the
+    # tracer), not take the eager caller's answer (FA4's Python and the module memo, traced).
+    from fa4cache.adapters.transformers import attention
+
+    gen = _fresh()
+    used = []
+    monkeypatch.setattr(gen.kv_cache, "op", lambda: lambda *a: used.append("op") or "op")
+    monkeypatch.setattr(gen.kv_cache, "forward", lambda *a, **k: used.append("forward") or "forward")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    layer = _Layer(0, SimpleNamespace(layer_types=["full"]))
+    q = torch.zeros(1, 4, 1, 8, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 5, 8, dtype=torch.bfloat16)
+    mask = torch.ones(1, 5, dtype=torch.long)
+    out = attention._decode_step(layer, q, k, k, mask, 0.0, None, None, None, None, {})
+    assert out == "op" and used == ["op"]
+    assert not gen._first  # nothing kept while traced

@@ -235,10 +235,11 @@ def test_an_fa4_setting_changed_at_run_time_is_planned_again(
     assert _plan_then(fa4, flip) == 2
 
 
-def test_fa4_settings_read_what_fa4s_own_getters_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The family reads FA4's globals and the raw environment, not FA4's getters: for every state
-    # of the switches and the SM-count override, it must tell apart what the getters do.
-    u = fi.utils
+def test_fa4_settings_tell_apart_whatever_fa4s_own_getters_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The family reads FA4's globals and the raw environment, not FA4's getters: over every
+    # state of the switches, the SM-count override and the log level, no two states FA4's
+    # getters answer differently for may read alike.
+    u, seen = fi.utils, {}
     for bits in range(1 << len(_FA4_SWITCHES)):
         for i, name in enumerate(_FA4_SWITCHES):
             monkeypatch.setattr(u, name, bool(bits >> i & 1))
@@ -247,15 +248,41 @@ def test_fa4_settings_read_what_fa4s_own_getters_answer(monkeypatch: pytest.Monk
                 monkeypatch.delenv("FLASH_ATTENTION_NUM_SMS", raising=False)
             else:
                 monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", sms)
-            arch, clc, two_cta, cuda12, ping_pong, sms_read, level = lp.fa4_settings(fi)
-            assert arch == fi._get_device_arch()
-            assert clc == u._get_use_clc_scheduler_default()
-            assert (two_cta or cuda12) == u._get_disable_2cta_default(is_fwd=True)
-            assert ping_pong == u._get_disable_s_ping_pong_default()
-            assert sms_read == (None if sms is None else os.fsencode(sms))
-            assert level == fi.fa_logging.get_fa_log_level()
-    monkeypatch.setattr(os, "environ", {"FLASH_ATTENTION_NUM_SMS": "16"})  # a plain mapping in its place
-    assert lp.fa4_settings(fi)[5] == "16"
+            for level in (0, 1, 2):
+                monkeypatch.setattr(fi.fa_logging, "_fa_log_level", level)
+                getters = (
+                    u._get_use_clc_scheduler_default(), u._get_disable_2cta_default(is_fwd=True),
+                    u._get_disable_s_ping_pong_default(), os.getenv("FLASH_ATTENTION_NUM_SMS"),
+                    fi.fa_logging.get_fa_log_level(),
+                )  # fmt: skip
+                read = lp.fa4_settings(fi)
+                assert seen.setdefault(read, getters) == getters, (read, getters)
+    assert len(set(seen.values())) == 3 * 3 * 2**3  # the cuda12 switch only ORs into the 2-CTA one
+
+
+def test_the_environment_is_read_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "16")
+    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"16",)
+    os.environ.pop("FLASH_ATTENTION_NUM_SMS")  # removed behind monkeypatch's back: seen at once
+    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (None,)
+    # A plain mapping in os.environ's place reads alike (bytes: never a str beside bytes).
+    monkeypatch.setattr(os, "environ", {"FLASH_ATTENTION_NUM_SMS": "16"})
+    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"16",)
+    # Another os._Environ with its own key encoding: its own encoded keys, not the cached ones.
+    env = os._Environ({"flash_attention_num_sms": "8"}, str.lower, str, str, str)  # type: ignore[attr-defined]
+    monkeypatch.setattr(os, "environ", env)
+    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"8",)
+
+
+def test_the_switch_is_parsed_from_the_value_it_was_compared_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The environment changed between the comparison and the parse (another thread): the
+    # answer kept for b"0" must be "off", whatever the environment says by then.
+    monkeypatch.setattr(lp, "_verified", [True])
+    monkeypatch.setattr(lp, "_switch", [object(), None])
+    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "1")
+    monkeypatch.setattr(lp, "_environ", lambda names: (b"0",))
+    assert not lp.enabled()
+    assert lp._switch == [b"0", False]
 
 
 def test_a_cleared_compile_cache_is_planned_again(fa4: Recorder) -> None:
