@@ -58,7 +58,7 @@ def _publish(root: Path, tc: str, kind: str, n: int, spec: Any = None) -> EntryR
     return ref
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept across the other modules a worker runs between its users
 def warmed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``warm --hf-config --generation`` of a small model, once: its output and its store."""
     tmp = tmp_path_factory.mktemp("warmed")
