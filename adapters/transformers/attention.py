@@ -108,9 +108,9 @@ def _attention_forward(
     out = _decode_step(
         module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs
     )
-    compiled = compiling()
     if out is not None:
         return out, None
+    compiled = compiling()
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     user_mask = kwargs.get("fa4cache_mask")
     if user_mask is not None:

@@ -94,45 +94,15 @@ def fa4_settings(fi: Any) -> tuple[Any, ...]:
     at run time (``utils._get_use_clc_scheduler_default`` and the like) is not seen: a
     process that patches FA4's functions sets ``FA4CACHE_LAUNCH_PLANS=0``."""
     u = fi.utils
-    (sms,) = _environ(_FA4_VARS)
     return (
         fi._get_device_arch(),  # kept by FA4 for the process (functools.lru_cache)
         u._fa_clc_enabled,
         u._fa_disable_2cta_enabled,
         u._fa_disable_2cta_cuda12,
         u._fa_disable_s_ping_pong_enabled,
-        sms,
+        os.environ.get("FLASH_ATTENTION_NUM_SMS"),
         fi.fa_logging._fa_log_level,  # in FA4's compile key (device printf)
     )
-
-
-_FA4_VARS = ("FLASH_ATTENTION_NUM_SMS",)  # what FA4 reads from the environment when it plans
-
-
-def _environ(names: tuple[str, ...]) -> tuple[Any, ...]:
-    """The raw values of ``names`` in ``os.environ`` (None where unset), in the encoded form
-    CPython keeps them in (bytes on POSIX). ``os.environ.get`` encodes the name and decodes
-    the value at each call, about a microsecond each: a decode layer reads these in every call.
-    Anything that is not CPython's own ``os.environ`` (a dict put in its place) is read as a
-    mapping."""
-    env = os.environ
-    data = getattr(env, "_data", None)
-    encode = getattr(env, "encodekey", None)
-    if type(data) is not dict or encode is None:
-        # bytes as on the fast path: a family never holds a str where another holds bytes
-        return tuple(_as_bytes(env.get(n)) for n in names)
-    keys = _encoded.get((names, encode))  # by encoder too: another os.environ may encode otherwise
-    if keys is None:
-        keys = _encoded[names, encode] = tuple(encode(n) for n in names)
-    get = data.get
-    return tuple(_as_bytes(get(k)) for k in keys)
-
-
-def _as_bytes(value: Any) -> Any:
-    return os.fsencode(value) if type(value) is str else value
-
-
-_encoded: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def _pointers(tensors: tuple[Any, ...]) -> list[int]:
@@ -167,18 +137,15 @@ def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple
     )  # fmt: skip
 
 
-_switch: list[Any] = [object(), None]  # FA4CACHE_LAUNCH_PLANS as last read: [raw value, parsed]
-
-
-_SWITCH_VAR = ("FA4CACHE_LAUNCH_PLANS",)
+_SWITCH = "FA4CACHE_LAUNCH_PLANS"
+_switch: list[Any] = [object(), None]  # _SWITCH as last read: [raw value, parsed]
 
 
 def enabled() -> bool:
-    (raw,) = _environ(_SWITCH_VAR)
+    raw = os.environ.get(_SWITCH)
     if raw != _switch[0]:  # parsed again only when changed (a decode layer reads it each call)
         # The value compared is the value parsed: the environment read again could have changed.
-        environ = {} if raw is None else {_SWITCH_VAR[0]: os.fsdecode(raw)}
-        _switch[:] = [raw, setting(_SWITCH_VAR[0], environ)]
+        _switch[:] = [raw, setting(_SWITCH, {} if raw is None else {_SWITCH: raw})]
     if not _switch[1]:
         return False
     if not _verified:
@@ -393,7 +360,7 @@ def _plan(
     q, k, v = tensors[:3]
     if _plans.get(fam) is _NOT_PLANNED:
         return run_whole(q, k, v, **kwargs)
-    if k.shape[0] < 2 or fam[-2][0] not in VERIFIED_ARCHS:
+    if k.shape[0] < 2 or fi._get_device_arch() not in VERIFIED_ARCHS:
         # One key row: torch calls k contiguous whatever its row stride, so whether FA4 would
         # copy k is not yet known for the family (it is from two rows on). An arch whose
         # planning was not checked: FA4 plans.

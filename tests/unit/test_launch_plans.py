@@ -261,28 +261,38 @@ def test_fa4_settings_tell_apart_whatever_fa4s_own_getters_do(monkeypatch: pytes
 
 
 def test_the_environment_is_read_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    def sms() -> Any:
+        return lp.fa4_settings(fi)[5]
+
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "16")
-    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"16",)
+    assert sms() == "16"
     os.environ.pop("FLASH_ATTENTION_NUM_SMS")  # removed behind monkeypatch's back: seen at once
-    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (None,)
-    # A plain mapping in os.environ's place reads alike (bytes: never a str beside bytes).
-    monkeypatch.setattr(os, "environ", {"FLASH_ATTENTION_NUM_SMS": "16"})
-    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"16",)
-    # Another os._Environ with its own key encoding: its own encoded keys, not the cached ones.
+    assert sms() is None
+    monkeypatch.setattr(os, "environ", {"FLASH_ATTENTION_NUM_SMS": "16"})  # a plain mapping in its place
+    assert sms() == "16"
+    # Another os._Environ with its own key encoding.
     env = os._Environ({"flash_attention_num_sms": "8"}, str.lower, str, str, str)  # type: ignore[attr-defined]
     monkeypatch.setattr(os, "environ", env)
-    assert lp._environ(("FLASH_ATTENTION_NUM_SMS",)) == (b"8",)
+    assert sms() == "8"
 
 
 def test_the_switch_is_parsed_from_the_value_it_was_compared_by(monkeypatch: pytest.MonkeyPatch) -> None:
     # The environment changed between the comparison and the parse (another thread): the
-    # answer kept for b"0" must be "off", whatever the environment says by then.
+    # answer kept for "0" must be "off", whatever the environment says by then.
+    class Changing(dict):  # type: ignore[type-arg]
+        reads = 0
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            if key != "FA4CACHE_LAUNCH_PLANS":
+                return super().get(key, default)
+            self.reads += 1
+            return "0" if self.reads == 1 else "1"
+
     monkeypatch.setattr(lp, "_verified", [True])
     monkeypatch.setattr(lp, "_switch", [object(), None])
-    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "1")
-    monkeypatch.setattr(lp, "_environ", lambda names: (b"0",))
+    monkeypatch.setattr(os, "environ", Changing())
     assert not lp.enabled()
-    assert lp._switch == [b"0", False]
+    assert lp._switch == ["0", False]
 
 
 def test_a_cleared_compile_cache_is_planned_again(fa4: Recorder) -> None:
