@@ -50,12 +50,15 @@ def _fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return fi._flash_attn_fwd(q, k, v, **kwargs)[0]
 
 
-def _launch(q: Any, k: Any, v: Any, out: Any, cu: Any, used: Any, scalars: tuple[Any, ...], keys: int) -> Any:
+def _launch(
+    q: Any, k: Any, v: Any, out: Any, cu: Any, used: Any, scalars: tuple[Any, ...], keys: int
+) -> tuple[Any, Any]:
     """A KV-cache call's FA4 launch: replayed from its plan after the first call of its kind
     (:mod:`.launch_plans`: FA4's own planning is most of a decode call's host time), else
     :func:`_fa4_forward`. ``scalars`` in :data:`.launch_plans.SCALARS`' order; ``keys``: FA4's
-    ``max_seqlen_k``. Writes and returns ``out``."""
-    return launch_plans.launch(_quiet_fa4_forward, (q, k, v, out, cu, used), scalars, keys)
+    ``max_seqlen_k``. Writes ``out``; returns it and the replay launched (or None:
+    :func:`.launch_plans.launch_replay`)."""
+    return launch_plans.launch_replay(_quiet_fa4_forward, (q, k, v, out, cu, used), scalars, keys)
 
 
 def _quiet_fa4_forward(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
@@ -224,7 +227,7 @@ def forward(
     ``[B, Hkv, Tk, D]``; ``window``: keys before the query's position (transformers'
     ``sliding_window - 1``), None for none; ``softcap`` 0 for none; ``check_mask``: check
     that the mask is one run per row (once per step is enough: every layer gets the same
-    rows); ``share``: eager callers only (:func:`sequences`)."""
+    rows); ``share``: eager callers only (:func:`sequences`, :class:`_Lane`)."""
     B, Hq, Tq, D = query.shape
     Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     g = Hq // Hkv
@@ -232,16 +235,92 @@ def forward(
     q = _query_view(query, B, Hkv, g, Tq, D)
     k = key.reshape(n * Tk, 1, D)
     v = value.reshape(n * Tk, 1, Dv)
-    cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask, share=share)
     # Decoding: FA4 writes the [B, 1, Hq, Dv] result itself (its (row, KV head) order is
     # that tensor's), with the strides the op's shape function promises.
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
     buf = result.view(n, 1, g, Dv) if result is not None else query.new_empty(n, Tq, g, Dv)
     scalars = (Tq, softmax_scale, causal, softcap, window, 0 if window is not None else None)
-    _launch(q, k, v, buf, cu, used, scalars, Tk)
+    lane = inputs = None
+    if share:
+        inputs = _inputs(query, key, value, attention_mask, scalars)
+        lane = _lanes.get(window)
+        if lane is not None and not lane.serves(query, k, v, buf, attention_mask, position_ids, inputs, check_mask):
+            lane = None
+    if lane is not None:
+        lane.launch(q, k, v, buf)
+    else:
+        cu, used = sequences(attention_mask, position_ids, B, Hkv, Tk, check=check_mask, share=share)
+        _, replay = _launch(q, k, v, buf, cu, used, scalars, Tk)
+        if inputs is not None:
+            src = attention_mask if attention_mask is not None else position_ids
+            _keep_lane(window, inputs, src, check_mask, cu, used, replay)
     if result is not None:
         return result
     return buf.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
+
+
+def _inputs(query: Any, key: Any, value: Any, attention_mask: Any, scalars: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What :func:`forward` derives FA4's call from, but the tensors' addresses and the
+    mask's values: each input's type, shape, strides, dtype, device and grad flag, whether
+    a mask (or ``position_ids``) gives the keys, and the scalars. Written out: host time in
+    every decode layer."""
+    return (
+        type(query), query.shape, query.stride(), query.dtype, query.device, query.requires_grad,
+        type(key), key.shape, key.stride(), key.dtype, key.device, key.requires_grad,
+        type(value), value.shape, value.stride(), value.dtype, value.device, value.requires_grad,
+        attention_mask is None, scalars,
+    )  # fmt: skip
+
+
+class _Lane:
+    """An eager decode call whose launch was replayed (:func:`.launch_plans.launch_replay`),
+    kept for the next layers of its kind in the same step. Their calls differ from it only
+    in their tensors' addresses: :func:`forward` derives FA4's tensors from its inputs
+    alone (views of them, or copies and buffers of a layout their shapes and strides
+    fix), so a call with equal :func:`_inputs` and the same mask (or ``position_ids``)
+    tensor, unchanged, is a call of the same launch family, with the same key ranges.
+    What the family holds besides (FA4's state, the alignment and distinctness of the
+    tensors' addresses) is checked per call. The family's lookups (each tensor's facts
+    and the plan's kernel) are then made once per step and kind of layer, not per layer."""
+
+    __slots__ = ("inputs", "src", "src_key", "checked", "cu", "used", "replay", "others")
+
+    def __init__(self, inputs: tuple[Any, ...], src: Any, checked: bool, cu: Any, used: Any, replay: Any) -> None:
+        self.inputs, self.src, self.src_key, self.checked = inputs, weakref.ref(src), _tensor_key(src), checked
+        self.cu, self.used, self.replay = cu, used, replay
+        self.others = (cu.data_ptr(), used.data_ptr())
+
+    def launch(self, q: Any, k: Any, v: Any, out: Any) -> None:
+        self.replay.launch((q, k, v, out, self.cu, self.used))
+
+    def serves(
+        self, query: Any, k: Any, v: Any, out: Any, attention_mask: Any, position_ids: Any,
+        inputs: tuple[Any, ...], check: bool,
+    ) -> bool:  # fmt: skip
+        src = attention_mask if attention_mask is not None else position_ids
+        if self.src() is not src or inputs != self.inputs or (check and not self.checked):
+            return False
+        if _tensor_key(src) != self.src_key or not _shareable(src) or not self.replay.current():
+            return False
+        p0, p1, p2, p3 = query.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        # The family's usual call (launch_plans.family): six addresses, none alike, all on the
+        # grid (q is a view of query: the same address).
+        return len({p0, p1, p2, p3, *self.others}) == 6 and not (p0 | p1 | p2 | p3) % launch_plans.ALIGNMENT
+
+
+# Per layer kind (its window): the last eager decode call that was replayed (_Lane).
+_lanes: dict[Any, _Lane] = {}
+
+
+def _keep_lane(
+    window: int | None, inputs: tuple[Any, ...], src: Any, checked: bool, cu: Any, used: Any, replay: Any
+) -> None:
+    if replay is None or src is None or not _shareable(src):
+        _lanes.pop(window, None)
+        return
+    if len(_lanes) >= 8 and window not in _lanes:
+        _lanes.clear()
+    _lanes[window] = _Lane(inputs, src, checked, cu, used, replay)
 
 
 def varlen_forward(

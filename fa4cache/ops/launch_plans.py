@@ -80,6 +80,7 @@ class Plan:
         return [c if s is None else tensors[s] for s, c in zip(self.slots, self.constants)]
 
 
+_WHERE = 6  # a family's aliasing and alignment (None: the usual call)
 _NOT_PLANNED = object()  # a family seen whose call is no plan (FA4 runs whole)
 _plans: dict[tuple[Any, ...], Any] = {}
 _capture_lock = threading.Lock()
@@ -133,7 +134,7 @@ def family(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> tuple
         (type(out), out.shape, out.stride(), out.dtype, out.device, out.requires_grad),
         (type(cu), cu.shape, cu.stride(), cu.dtype, cu.device, cu.requires_grad),
         (type(used), used.shape, used.stride(), used.dtype, used.device, used.requires_grad),
-        where, scalars, fa4_settings(fi), id(fi._flash_attn_fwd),
+        where, scalars, *settings(fi),  # the last two: FA4's state (Replay.settings)
     )  # fmt: skip
 
 
@@ -291,6 +292,16 @@ def launch(
     family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a
     stand-in). ``tensors`` in :data:`TENSORS`' order, ``scalars`` in :data:`SCALARS`';
     no dict of FA4's arguments is made unless FA4 runs whole (a decode layer's host time)."""
+    return launch_replay(run_whole, tensors, scalars, max_seqlen_k)[0]
+
+
+def launch_replay(
+    run_whole: Callable[..., Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...], max_seqlen_k: int
+) -> tuple[Any, Replay | None]:
+    """:func:`launch`, and the :class:`Replay` it launched where the call was replayed from a
+    plan and its tensors are the usual six: no two alike, all on the alignment grid (None
+    otherwise). A caller that derives its tensors the same way again may launch that replay
+    itself while :meth:`Replay.current` holds."""
     fi = sys.modules.get("flash_attn.cute.interface")
     # The replay first: this runs in every layer of every decode step, where the host's time
     # is the step's time. No plain-tensor check before it: a plan is made only for plain
@@ -298,16 +309,18 @@ def launch(
     fam = None
     if fi is not None and _no_fake_mode() and enabled():
         fam = _family_if_replayable(fi, tensors, scalars)
-        if fam is not None and _replay(fi, fam, tensors):
-            return tensors[3]
+        replay = _replay_of(fi, fam) if fam is not None else None
+        if replay is not None:
+            replay.launch(tensors)
+            return tensors[3], replay if fam[_WHERE] is None else None
     q, k, v, out, cu, used = tensors
     kwargs = {
         "cu_seqlens_k": cu, "seqused_k": used, "max_seqlen_k": max_seqlen_k, "out": out,
         **dict(zip(SCALARS, scalars)),
     }  # fmt: skip
     if fam is None or not _plain(tensors):
-        return run_whole(q, k, v, **kwargs)
-    return _plan(fi, fam, run_whole, tensors, kwargs)
+        return run_whole(q, k, v, **kwargs), None
+    return _plan(fi, fam, run_whole, tensors, kwargs), None
 
 
 def _family_if_replayable(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> Any:
@@ -320,21 +333,62 @@ def _family_if_replayable(fi: Any, tensors: tuple[Any, ...], scalars: tuple[Any,
     return family(fi, tensors, scalars)
 
 
-def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
-    """Launch ``fam``'s planned kernel on ``tensors``; False where there is no plan to replay."""
+@dataclass(frozen=True)
+class Replay:
+    """A family's plan with its kernel as looked up in FA4's compile cache, and what the
+    family holds of FA4's state (:func:`settings`)."""
+
+    plan: Plan
+    fn: Any
+    fi: Any  # FA4's interface module
+    settings: tuple[Any, ...]
+    counts_hits: bool  # the cache counts memory hits (fa4cache's compile cache)
+
+    def launch(self, tensors: tuple[Any, ...]) -> None:
+        if self.counts_hits:
+            self.plan.cache.memory_hits += 1  # as FA4's own lookup counts it (fa4cache stats)
+        self.fn(*self.plan.arguments(tensors))
+
+    def current(self) -> bool:
+        """Whether a call of this family may still be launched from it: plans on, no fake
+        mode, FA4's state (:func:`settings`) and its compile cache object unchanged. A kernel
+        dropped from that cache is seen at the family's next lookup (:func:`launch`), not
+        here: the kernel held is the one FA4 compiled for the plan's key."""
+        fi = self.fi
+        return (
+            _no_fake_mode()
+            and enabled()
+            and settings(fi) == self.settings
+            and unobserved(fi._flash_attn_fwd.compile_cache) is self.plan.cache
+        )
+
+
+def settings(fi: Any) -> tuple[Any, ...]:
+    """FA4's state in a family: :func:`fa4_settings` and which ``_flash_attn_fwd`` is installed."""
+    return fa4_settings(fi), id(fi._flash_attn_fwd)
+
+
+def _replay_of(fi: Any, fam: tuple[Any, ...]) -> Replay | None:
+    """``fam``'s plan with its kernel, looked up now; None where there is no plan to replay."""
     plan = _plans.get(fam)
     if type(plan) is not Plan:
-        return False
+        return None
     cache = unobserved(fi._flash_attn_fwd.compile_cache)
     kernels = getattr(cache, "cache", None)
     # Looked up at each call: a cleared or replaced cache is noticed.
     fn = kernels.get(plan.key) if cache is plan.cache and isinstance(kernels, dict) else None
     if fn is None:
         _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
+        return None
+    return Replay(plan, fn, fi, fam[-2:], hasattr(cache, "memory_hits"))
+
+
+def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
+    """Launch ``fam``'s planned kernel on ``tensors``; False where there is no plan to replay."""
+    replay = _replay_of(fi, fam)
+    if replay is None:
         return False
-    if hasattr(cache, "memory_hits"):
-        cache.memory_hits += 1  # as FA4's own lookup counts it (fa4cache stats)
-    fn(*plan.arguments(tensors))
+    replay.launch(tensors)
     return True
 
 

@@ -118,7 +118,11 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
     fht._warned.clear()
     calls = {"n": 0}
     inside = [0]
-    real_launch, real_fa4 = kv_cache._launch, kv_cache._fa4_forward
+    real_launch, real_fa4, real_lane = kv_cache._launch, kv_cache._fa4_forward, kv_cache._Lane.launch
+
+    def lane(self: Any, *a: Any) -> None:  # a later layer's launch, from its step's lane
+        calls["n"] += 1
+        real_lane(self, *a)
 
     def launch(*a: Any, **kw: Any) -> Any:  # a KV-cache step's launch (replayed or planned)
         calls["n"] += 1
@@ -134,6 +138,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(kv_cache, "_launch", launch)
     monkeypatch.setattr(kv_cache, "_fa4_forward", fa4)
+    monkeypatch.setattr(kv_cache._Lane, "launch", lane)
     return calls
 
 

@@ -205,3 +205,41 @@ def flash_attn_fwd(
         else:
             out[rows], lse[rows] = o, row_lse.transpose(0, 1)
     return out, lse
+
+
+def kv_cache_reference(
+    query: Any,
+    key: Any,
+    value: Any,
+    mask: Any,
+    position_ids: Any,
+    causal: bool,
+    window: int | None,
+    softmax_scale: float,
+    softcap: float = 0.0,
+) -> Any:
+    """Attention over a KV cache as transformers hands it (``query [B, Hq, Tq, D]``,
+    ``key``/``value [B, Hkv, Tk, D]``), in float: a row's keys are the True slots of its
+    mask (one run; a mask narrower than the keys is padded with False) or, without one, the slots before
+    ``position_ids[:, -1] + 1``; its queries are the run's last ``Tq`` slots (``window``:
+    keys before a query's slot). Returns ``[B, Tq, Hq, Dv]``."""
+    B, Hq, Tq, _ = query.shape
+    Tk = key.shape[2]
+    j = torch.arange(Tk)
+    if mask is None:
+        valid = j[None] < (position_ids[..., -1:] + 1).expand(B, 1)
+    else:
+        assert mask.shape[1] <= Tk, "a mask wider than the keys (a sliding cache's) is not modelled"
+        valid = torch.nn.functional.pad(mask.bool(), (0, Tk - mask.shape[1]))
+    end = (valid * (j + 1)).amax(1)  # one past each row's last key
+    qslot = (end[:, None] - Tq + torch.arange(Tq)[None])[..., None]  # [B, Tq, 1]
+    allowed = valid[:, None, :].expand(B, Tq, Tk)
+    if causal or window is not None:  # FA4's window_size_right is 0 with a window
+        allowed = allowed & (j <= qslot)
+    if window is not None:
+        allowed = allowed & (j >= qslot - window)
+    group = Hq // key.shape[1]
+    kk, vv = (t.float().repeat_interleave(group, dim=1) for t in (key, value))
+    s = capped(torch.einsum("bhqd,bhkd->bhqk", query.float(), kk) * softmax_scale, softcap)
+    s = s.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.einsum("bhqk,bhkd->bqhd", torch.softmax(s, -1).nan_to_num(0.0), vv)

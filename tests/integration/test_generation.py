@@ -166,7 +166,7 @@ def test_kv_cache_attention_matches_a_dense_reference(fa4: Any) -> None:
     # several queries (prefill into the cache), windows, softcap, GQA; with a 2-D mask, and
     # with position_ids only (no padding).
     from fa4cache.ops import kv_cache
-    from tests.helpers.fa4_varlen_model import capped
+    from tests.helpers.fa4_varlen_model import kv_cache_reference
 
     rng = random.Random(SEED)
     print(f"seed {SEED}")
@@ -192,17 +192,7 @@ def test_kv_cache_attention_matches_a_dense_reference(fa4: Any) -> None:
         out = kv_cache.forward(
             q, k, v, given if use_mask else None, None if use_mask else pos, True, window, D**-0.5, softcap
         )
-        # Reference: query t at slot L - Tq + t sees the row's valid slots up to itself.
-        qpos = torch.arange(L - Tq, L).view(-1, 1)
-        j = torch.arange(Tk).view(1, -1)
-        allowed = (j <= qpos) & (j < L)
-        if window is not None:
-            allowed = allowed & (j >= qpos - window)
-        allowed = allowed[None] & torch.cat([mask, torch.zeros(B, Tk - L, dtype=torch.bool)], 1)[:, None]
-        kk, vv = (t.repeat_interleave(g, dim=1) for t in (k, v))
-        s = capped(torch.einsum("bhqd,bhkd->bhqk", q, kk) * D**-0.5, softcap)
-        s = s.masked_fill(~allowed[:, None], float("-inf"))
-        want = torch.einsum("bhqk,bhkd->bqhd", torch.softmax(s, -1).nan_to_num(0.0), vv)
+        want = kv_cache_reference(q, k, v, given if use_mask else None, pos, True, window, D**-0.5, softcap)
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5, msg=lambda m, c=case: f"case {c}: {m}")
 
 
