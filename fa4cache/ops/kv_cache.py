@@ -25,6 +25,11 @@ are the tensors' shapes. FA4's compile key does not see the batch size or cache 
 Hq / Hkv`` within one tile) from prefill), so decoding compiles one kernel per layer kind.
 A mask with more than one run of tokens in a row (a gap, or right padding) is refused on
 the device (``torch._assert_async``) rather than attended wrong.
+
+Eager decoding's host time: the step's key ranges are computed once per step and kind of
+layer (:func:`sequences`), each FA4 launch is replayed from its plan
+(:mod:`.launch_plans`), and the later layers of a step launch from the step's
+:class:`_Lane` of their kind without the plan's lookups.
 """
 
 from __future__ import annotations
