@@ -164,12 +164,14 @@ def _tensor_key(t: Any) -> tuple[Any, ...]:
 
 def _shareable(src: Any) -> bool:
     """Whether a step's lengths may be kept for the next layer: not while torch.compile traces
-    (fake tensors), nor while a CUDA graph captures (a value kept between calls would stay
+    (fake tensors), nor for an inference tensor (it has no version to check), nor while a CUDA graph captures (a value kept between calls would stay
     alive in a CUDA-graph tree's memory pool without being one of the graph's outputs, which
     torch.compile's cudagraphs refuse; and a hand-captured graph must compute its own)."""
     import torch
 
     if torch.compiler.is_compiling():
+        return False
+    if src.is_inference():  # no version counter (inference_mode): a change in place would not be seen
         return False
     return not (src.is_cuda and torch.cuda.is_current_stream_capturing())
 
@@ -286,7 +288,10 @@ class _Lane:
     tensor, unchanged, is a call of the same launch family, with the same key ranges.
     What the family holds besides (FA4's state, the alignment and distinctness of the
     tensors' addresses) is checked per call. The family's lookups (each tensor's facts
-    and the plan's kernel) are then made once per step and kind of layer, not per layer."""
+    and the plan's kernel) are then made once per step and kind of layer, not per layer.
+    Never made from inputs that need a gradient, nor from an inference tensor's mask. Like
+    :func:`sequences`, it sees a mask's changes through torch (its version), not writes
+    behind torch's back (``.data``, DLPack or NumPy aliases)."""
 
     __slots__ = ("inputs", "src", "src_key", "checked", "cu", "used", "replay", "others")
 
@@ -303,9 +308,9 @@ class _Lane:
         inputs: tuple[Any, ...], check: bool,
     ) -> bool:  # fmt: skip
         src = attention_mask if attention_mask is not None else position_ids
-        if self.src() is not src or inputs != self.inputs or (check and not self.checked):
+        if src is None or self.src() is not src or inputs != self.inputs or (check and not self.checked):
             return False
-        if _tensor_key(src) != self.src_key or not _shareable(src) or not self.replay.current():
+        if not _shareable(src) or _tensor_key(src) != self.src_key or not self.replay.current():
             return False
         p0, p1, p2, p3 = query.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         # The family's usual call (launch_plans.family): six addresses, none alike, all on the
@@ -320,7 +325,9 @@ _lanes: dict[Any, _Lane] = {}
 def _keep_lane(
     window: int | None, inputs: tuple[Any, ...], src: Any, checked: bool, cu: Any, used: Any, replay: Any
 ) -> None:
-    if replay is None or src is None or not _shareable(src):
+    # Inputs that need a gradient: whether FA4's tensors need one depends on the grad mode,
+    # which the inputs do not hold (a copy made under no_grad needs none).
+    if replay is None or src is None or not _shareable(src) or inputs[5] or inputs[11] or inputs[17]:
         _lanes.pop(window, None)
         return
     if len(_lanes) >= 8 and window not in _lanes:

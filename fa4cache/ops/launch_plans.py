@@ -81,6 +81,7 @@ class Plan:
 
 
 _WHERE = 6  # a family's aliasing and alignment (None: the usual call)
+_generation = [0]  # how many times clear() ran (Replay.current)
 _NOT_PLANNED = object()  # a family seen whose call is no plan (FA4 runs whole)
 _plans: dict[tuple[Any, ...], Any] = {}
 _capture_lock = threading.Lock()
@@ -343,6 +344,9 @@ class Replay:
     fi: Any  # FA4's interface module
     settings: tuple[Any, ...]
     counts_hits: bool  # the cache counts memory hits (fa4cache's compile cache)
+    kernels: dict[Any, Any]  # the compile cache's kernels, and how many it held (a cleared cache holds fewer)
+    size: int
+    generation: int  # _generation when looked up: clear() ends every replay made before it
 
     def launch(self, tensors: tuple[Any, ...]) -> None:
         if self.counts_hits:
@@ -350,16 +354,21 @@ class Replay:
         self.fn(*self.plan.arguments(tensors))
 
     def current(self) -> bool:
-        """Whether a call of this family may still be launched from it: plans on, no fake
-        mode, FA4's state (:func:`settings`) and its compile cache object unchanged. A kernel
-        dropped from that cache is seen at the family's next lookup (:func:`launch`), not
-        here: the kernel held is the one FA4 compiled for the plan's key."""
+        """Whether a call of this family may still be launched from it: no :func:`clear`
+        since, plans on, no fake mode, FA4's state (:func:`settings`) and its compile cache
+        object unchanged, and that cache holding as many kernels as it did (a cleared cache
+        holds fewer; one refilled to the same count holds the kernel FA4 compiles for this
+        key again)."""
         fi = self.fi
+        cache = unobserved(fi._flash_attn_fwd.compile_cache)
         return (
-            _no_fake_mode()
+            self.generation == _generation[0]
+            and cache is self.plan.cache
+            and getattr(cache, "cache", None) is self.kernels
+            and len(self.kernels) == self.size
+            and _no_fake_mode()
             and enabled()
             and settings(fi) == self.settings
-            and unobserved(fi._flash_attn_fwd.compile_cache) is self.plan.cache
         )
 
 
@@ -380,7 +389,7 @@ def _replay_of(fi: Any, fam: tuple[Any, ...]) -> Replay | None:
     if fn is None:
         _plans.pop(fam, None)  # the kernel left memory (a cleared cache, a new install): plan again
         return None
-    return Replay(plan, fn, fi, fam[-2:], hasattr(cache, "memory_hits"))
+    return Replay(plan, fn, fi, fam[-2:], hasattr(cache, "memory_hits"), kernels, len(kernels), _generation[0])
 
 
 def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
@@ -441,4 +450,5 @@ def _plan(
 
 def clear() -> None:
     """Forget every plan (the next call of each family is planned by FA4 again)."""
+    _generation[0] += 1
     _plans.clear()
