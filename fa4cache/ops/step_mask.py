@@ -63,6 +63,8 @@ def step_mask(
     # A mask built outside a CUDA-graph capture must not be reused inside one: the graph
     # would replay with that mask's buffers, never recomputing them for a new packing.
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if src.is_inference():  # no version counter (inference_mode): a change in place could not be seen
+        return _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding, capturing)
     key = (_key_of(src), batch, seqlen, causal, window, max_seqlen, _max_documents[0], capturing)
     with _lock:
         hit = _cache.get(key)

@@ -720,3 +720,19 @@ def test_paged_decode_with_a_block_table_writes_the_new_keys_and_runs_on_fa4(fa4
         p = torch.softmax(torch.einsum("hd,khd->hk", q[0, :, i], kk) * D**-0.5, -1)
         torch.testing.assert_close(out[0, i], torch.einsum("hk,khd->hd", p, vv), atol=1e-5, rtol=1e-5)
     assert all(kw.get("page_table") is not None for kw in fa4) and len(fa4) == 1
+
+
+def test_decoding_under_inference_mode_matches_no_grad(fa4: Any) -> None:
+    # Inference tensors carry no version counter: what is shared between layers (the step's
+    # mask and key ranges) is then not kept, rather than read from a counter that is not there.
+    cfg = _configs()["llama-gqa"]
+    m = _model(cfg, "fa4cache")
+    rng = random.Random(SEED)
+    print(f"seed {SEED}")
+    ids, mask = _left_padded(rng, 3, 9, cfg.vocab_size)
+    follow = torch.randint(0, cfg.vocab_size, (3, 4), generator=torch.Generator().manual_seed(SEED))
+    want = _teacher_forced(m, ids, mask, follow, "dynamic")
+    with torch.inference_mode():
+        got = _teacher_forced(m, ids, mask, follow, "dynamic")
+    for t, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda s, t=t: f"step {t}: {s}")
