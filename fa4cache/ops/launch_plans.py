@@ -169,8 +169,8 @@ def _no_fake_mode() -> bool:
 
 
 def _plain(tensors: tuple[Any, ...]) -> bool:
-    """Real CUDA tensors that need no gradient (:func:`launch` has checked that no fake mode,
-    where FA4 launches nothing, is active)."""
+    """Real CUDA tensors that need no gradient (:func:`launch_replay` has checked that no fake
+    mode, where FA4 launches nothing, is active)."""
     tensor = sys.modules["torch"].Tensor
     return all(type(t) is tensor and t.is_cuda and not t.requires_grad for t in tensors)
 
@@ -286,20 +286,14 @@ def plan_of(
     return Plan(cache, key, tuple(slots), tuple(constants))
 
 
-def launch(
-    run_whole: Callable[..., Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...], max_seqlen_k: int
-) -> Any:
-    """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
-    family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a
-    stand-in). ``tensors`` in :data:`TENSORS`' order, ``scalars`` in :data:`SCALARS`';
-    no dict of FA4's arguments is made unless FA4 runs whole (a decode layer's host time)."""
-    return launch_replay(run_whole, tensors, scalars, max_seqlen_k)[0]
-
-
 def launch_replay(
     run_whole: Callable[..., Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...], max_seqlen_k: int
 ) -> tuple[Any, Replay | None]:
-    """:func:`launch`, and the :class:`Replay` it launched where the call was replayed from a
+    """FA4's forward for :mod:`.kv_cache`'s calls, writing ``out``: replayed from the call's
+    family's plan, or ``run_whole(q, k, v, **kwargs)`` (FA4's ``_flash_attn_fwd``, or a
+    stand-in). ``tensors`` in :data:`TENSORS`' order, ``scalars`` in :data:`SCALARS`';
+    no dict of FA4's arguments is made unless FA4 runs whole (a decode layer's host time).
+    Returns ``out``, and the :class:`Replay` launched where the call was replayed from a
     plan and its tensors are the usual six: no two alike, all on the alignment grid (None
     otherwise). A caller that derives its tensors the same way again may launch that replay
     itself while :meth:`Replay.current` holds."""
@@ -404,8 +398,9 @@ def _replay(fi: Any, fam: tuple[Any, ...], tensors: tuple[Any, ...]) -> bool:
 def replay_or_plan(
     fi: Any, run_whole: Callable[..., Any], tensors: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """:func:`launch` once it is known to apply (FA4's interface module ``fi``; the tensors
-    taken as plain): the family's plan replayed, or FA4 run whole (observed, to make the plan)."""
+    """:func:`launch_replay` once it is known to apply (FA4's interface module ``fi``; the
+    tensors taken as plain): the family's plan replayed, or FA4 run whole (observed, to make
+    the plan)."""
     q, k, v, out = tensors[:4]
     fam = _family_if_replayable(fi, tensors, tuple(kwargs[n] for n in SCALARS))
     if fam is None:

@@ -339,7 +339,7 @@ def test_cpu_tensors_run_fa4_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     k = torch.zeros(20, 1, 64)
     out = torch.zeros(2, 1, 4, 64)
     cu, used = torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
-    got = lp.launch(
+    got, _ = lp.launch_replay(
         lambda *a, **kw: seen.append(kw) or kw["out"], (q, k, k, out, cu, used),
         (1, 0.1, True, 0.0, None, None), 10,
     )  # fmt: skip
@@ -461,7 +461,7 @@ def test_an_observed_cache_is_unwrapped_for_other_threads(fa4: Recorder) -> None
     assert lp.unobserved(seen) is fa4 and lp.unobserved(fa4) is fa4
 
 
-# launch(): the decode layer's entry, where the family stands in for a plain-tensor check
+# launch_replay(): the decode layer's entry, where the family stands in for a plain-tensor check
 # before a replay (a plan is made only for plain tensors; type, device and grad are facts).
 
 
@@ -489,7 +489,7 @@ def test_launch_does_not_replay_a_call_of_another_grad_flag_or_device(fa4: Recor
         else:
             t = [x.to("cuda:1") for x in t]
     with contextlib.suppress(Exception):  # FA4's own answer to such a call; only a replay is wrong
-        lp.launch(counted, tuple(t), _scalars(c), 31)
+        lp.launch_replay(counted, tuple(t), _scalars(c), 31)
     assert n["whole"] == 2, "a plan of another family was replayed"
 
 
@@ -510,7 +510,7 @@ def test_launch_never_plans_tensors_that_are_not_plain(fa4: Recorder) -> None:
     c = {**draw(random.Random(SEED + 21)), "d": 128}
     n, counted = _counted()
     for tk in (30, 31, 32):
-        lp.launch(counted, tensors(fa4.mode, c, tk), _scalars(c), tk)  # type: ignore[attr-defined]
+        lp.launch_replay(counted, tensors(fa4.mode, c, tk), _scalars(c), tk)  # type: ignore[attr-defined]
     assert n["whole"] == 3 and not any(type(p) is lp.Plan for p in lp._plans.values())
 
 
@@ -518,7 +518,7 @@ def test_launch_does_not_replay_inside_a_fake_mode(fa4: Recorder) -> None:
     c, n, counted = _planned(fa4)
     t = tensors(fa4.mode, c, 31)  # type: ignore[attr-defined]
     with fa4.mode:  # type: ignore[attr-defined]
-        lp.launch(counted, t, _scalars(c), 31)
+        lp.launch_replay(counted, t, _scalars(c), 31)
     assert n["whole"] == 2
 
 
@@ -526,5 +526,5 @@ def test_launch_replays_a_planned_family(fa4: Recorder) -> None:
     # The other side of the tests above: the same family at a new key count is replayed.
     c, n, counted = _planned(fa4)
     fa4.calls.clear()
-    lp.launch(counted, tensors(fa4.mode, c, 77), _scalars(c), 77)  # type: ignore[attr-defined]
+    lp.launch_replay(counted, tensors(fa4.mode, c, 77), _scalars(c), 77)  # type: ignore[attr-defined]
     assert n["whole"] == 1 and len(fa4.calls) == 1
