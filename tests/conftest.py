@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +96,56 @@ def run_cli(
     )
 
 
+def once_per_run(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]]:
+    """``build(folder)`` once per test run, shared by pytest-xdist's workers: the first
+    worker to ask builds it under a file lock, the others wait and read what it built
+    (a worker's own session fixture would compile the same kernels once per worker). The
+    folder is the fixture's to fill; ``build``'s result (JSON) travels with it. Whatever is
+    built this way is read, never changed, by the tests: copy it to change it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder, done = base / f"once-{name}", base / f"once-{name}.json"
+    with FileLock(str(base / f"once-{name}.lock")):
+        if not done.exists():
+            # What a worker that failed mid-build left is built again, not used.
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            staged = done.with_suffix(".tmp")
+            staged.write_text(json.dumps(build(folder)))
+            os.replace(staged, done)
+        return folder, json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def doc_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A store filled by one real process: 20 random document layouts, forward+backward.
 
-    This is the suite's one cold compile of the document-mask kernel set; tests copy
-    the directory rather than compile again.
+    This is the suite's one cold compile of the document-mask kernel set (once per run,
+    whatever the workers); tests copy the directory rather than compile again.
     """
-    d = tmp_path_factory.mktemp("doc_store") / "cache"
-    res = run_worker(d, "geometries", "--geometries", "20", "--seed", "7", PYTHONHASHSEED="1")
-    return {"dir": d, "result": res}
+
+    def build(folder: Path) -> dict[str, Any]:
+        return run_worker(folder / "cache", "geometries", "--geometries", "20", "--seed", "7", PYTHONHASHSEED="1")
+
+    folder, res = once_per_run(tmp_path_factory, "doc_store", build)
+    return {"dir": folder / "cache", "result": res}
+
+
+@pytest.fixture(scope="session")
+def causal_fwd_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store with one real FA4 forward kernel (causal), cross-compiled for sm_90 by one
+    process, once per run."""
+
+    def build(folder: Path) -> dict[str, Any]:
+        return run_worker(folder / "cache", "compile", "--mask", "causal", "--seqlen", "512", "--no-backward")
+
+    folder, res = once_per_run(tmp_path_factory, "causal_fwd", build)
+    return {"dir": folder / "cache", "result": res}
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 import fa4cache
 from fa4cache.errors import UnstableKeyError
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, once_per_run, worker_env
 
 
 def _start(cache_dir: Path, action: str, *args: str, **env: str) -> subprocess.Popen[str]:
@@ -52,29 +52,32 @@ QUACK_KINDS = (
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def quack_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two processes, one after the other, running QuACK's RMSNorm forward/backward and
     cross-entropy forward/backward keys with fa4cache installed; QuACK's own cache
-    directory and TMPDIR point at empty directories of the test."""
-    d = tmp_path_factory.mktemp("quack")
-    store, private, tmp = d / "store", d / "quack_private", d / "tmp"
-    tmp.mkdir()
-    env = {"QUACK_CACHE_DIR": str(private), "TMPDIR": str(tmp)}
-    first = _finish(_start(store, "quack", **env))
-    # The second process is `warm --with-quack` for that model's sizes (through the public
-    # functions, without FA4's specs): it must find every kernel the first one compiled.
-    warm = subprocess.run(
-        [sys.executable, "-c", WARM_QUACK],
-        cwd=ROOT,
-        env=worker_env(store, **env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert warm.returncode == 0, warm.stderr[-4000:]
-    warmed = json.loads(warm.stdout.splitlines()[-1])
-    return {"store": store, "private": private, "tmp": tmp, "first": first, "warm": warmed}
+    directory and TMPDIR point at empty directories of the test. Once per run."""
+
+    def build(d: Path) -> dict[str, Any]:
+        store, private, tmp = d / "store", d / "quack_private", d / "tmp"
+        tmp.mkdir()
+        env = {"QUACK_CACHE_DIR": str(private), "TMPDIR": str(tmp)}
+        first = _finish(_start(store, "quack", **env))
+        # The second process is `warm --with-quack` for that model's sizes (through the public
+        # functions, without FA4's specs): it must find every kernel the first one compiled.
+        warm = subprocess.run(
+            [sys.executable, "-c", WARM_QUACK],
+            cwd=ROOT,
+            env=worker_env(store, **env),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert warm.returncode == 0, warm.stderr[-4000:]
+        return {"first": first, "warm": json.loads(warm.stdout.splitlines()[-1])}
+
+    d, runs = once_per_run(tmp_path_factory, "quack_runs", build)
+    return {"store": d / "store", "private": d / "quack_private", "tmp": d / "tmp", **runs}
 
 
 WARM_QUACK = """

@@ -313,21 +313,42 @@ def _write(root: Path, cases: dict[str, dict[str, tuple[str, str]]], variant: in
                 f.unlink()
 
 
-def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
+def _start(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> subprocess.Popen[str]:
     env = worker_env(store, FA4CACHE_COMPILE_AHEAD="1" if ahead else "0", PYTHONDONTWRITEBYTECODE="1")
     # The cases' folders too: a compile server started by the process imports them by name.
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "helpers"), str(ROOT), *(str(cases_dir / n) for n in names)])
-    p = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.identity_runner", str(cases_dir), *names],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=1200,
     )
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-6000:]
+
+
+def _finish(p: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        out, err = p.communicate(timeout=1200)
+    finally:
+        p.kill()  # a no-op once it has exited; never left running after a failed test
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, out[-3000:] + err[-6000:]
     return json.loads(lines[-1][7:])
+
+
+def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
+    return _finish(_start(cases_dir, store, names, ahead=ahead))
+
+
+def _side_by_side(*runs: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """The results of independent runs (each its own store, over files that no longer
+    change), started together."""
+    try:
+        return [_finish(p) for p in runs]
+    finally:
+        for p in runs:
+            p.kill()  # the others, when one failed
 
 
 def _entries(store: Path) -> dict[tuple[str, str], str]:
@@ -347,8 +368,8 @@ def _check(tmp_path: Path, cases: dict[str, dict[str, tuple[str, str]]]) -> dict
     _write(src, cases, 0)
     first = _run(src, shared, names)
     _write(src, cases, 1)
-    second = _run(src, shared, names)
-    own = _run(src, clean, names)
+    # Variant B into the shared store and into a clean one.
+    second, own = _side_by_side(_start(src, shared, names), _start(src, clean, names))
     have, want = _entries(shared), _entries(clean)
     wrong = {k for k, sha in want.items() if have.get(k) not in (None, sha)}
     assert not wrong, f"the shared store serves other code's bytes for {sorted(wrong)}"
@@ -401,9 +422,9 @@ def test_a_constant_set_at_run_time_never_reaches_the_compile_server_as_other_co
     # The process's own backward, then a clean run of the file saying 128: the same bytes.
     both = {"ahead": {"ah_masks.py": (pkg.format(w=64),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
     _write(src, both, 0)
-    _run(src, shared, ["ahead"])
     clean_case = {"ahead": {"ah_masks.py": (pkg.format(w=128),) * 2, "MAIN": (main.format(bwd=True),) * 2}}
-    _write(src, clean_case, 0)
-    _run(src, clean, ["ahead"])
+    clean_src = tmp_path / "clean_cases"
+    _write(clean_src, clean_case, 0)
+    _side_by_side(_start(src, shared, ["ahead"]), _start(clean_src, clean, ["ahead"]))
     have, want = _entries(shared), _entries(clean)
     assert set(want) <= set(have) and all(have[k] == v for k, v in want.items())

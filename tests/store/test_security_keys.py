@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 import zlib
 from collections.abc import Callable
@@ -432,14 +433,16 @@ def test_every_field_of_a_manifest_replaced_by_hostile_values_is_a_bundle_error_
 
 
 @pytest.mark.compile
-def test_verify_rebuild_finds_bytes_filed_under_their_right_key(tmp_path: Path) -> None:
+def test_verify_rebuild_finds_bytes_filed_under_their_right_key(
+    tmp_path: Path, causal_fwd_store: dict[str, Any]
+) -> None:
     """What the key check cannot see: another kernel's bytes under an entry's own key text
     (a producer that compiled wrong, or lied). A rebuild on this machine compares the bytes."""
     from tests.conftest import run_worker
 
     root = tmp_path / "warm"
+    shutil.copytree(causal_fwd_store["dir"], root, symlinks=True)  # the causal forward, compiled once per run
     run_worker(root, "compile", "--mask", "document", "--seqlen", "512", "--no-backward")
-    run_worker(root, "compile", "--mask", "causal", "--seqlen", "512", "--no-backward")
     # (An honest entry rebuilt is "identical": the bundle import below shows it for one.)
     # The causal kernel's bytes as the document entry, its sidecar's checksum made to agree.
     lay = Layout(root)

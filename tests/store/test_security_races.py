@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from fa4cache.errors import ConfigError
-from tests.conftest import run_worker
 from tests.store.test_security import PRELOAD, User, _mount_tmpfs, _probe, _seed, _server_request
 
 from . import test_security as _sec
@@ -57,13 +56,12 @@ def _sticky(base: Path, name: str) -> Path:
 # --------------------------------------------------------------------------- 1 (high)
 
 
-@pytest.fixture(scope="module")
-def fa4_kernel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store with one real FA4 forward kernel, cross-compiled for sm_90 on the CPU."""
-    d = tmp_path_factory.mktemp("fa4_kernel") / "cache"
-    r = run_worker(d, "compile", "--mask", "causal", "--seqlen", "512", "--no-backward")
-    assert r["compiles"] == 1, r
-    return d
+@pytest.fixture
+def fa4_kernel(causal_fwd_store: dict[str, Any]) -> Path:
+    """A store with one real FA4 forward kernel, cross-compiled for sm_90 on the CPU (the
+    suite's shared one: copy it to change it)."""
+    assert causal_fwd_store["result"]["compiles"] == 1, causal_fwd_store["result"]
+    return causal_fwd_store["dir"]
 
 
 @pytest.mark.compile
