@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, finish, worker_env
 
 pytestmark = pytest.mark.compile
 
@@ -327,28 +327,18 @@ def _start(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = Fals
     )
 
 
-def _finish(p: subprocess.Popen[str]) -> dict[str, Any]:
-    try:
-        out, err = p.communicate(timeout=1200)
-    finally:
-        p.kill()  # a no-op once it has exited; never left running after a failed test
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, out[-3000:] + err[-6000:]
-    return json.loads(lines[-1][7:])
-
-
-def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
-    return _finish(_start(cases_dir, store, names, ahead=ahead))
-
-
 def _side_by_side(*runs: subprocess.Popen[str]) -> list[dict[str, Any]]:
     """The results of independent runs (each its own store, over files that no longer
     change), started together."""
     try:
-        return [_finish(p) for p in runs]
+        return [finish(p, timeout=1200) for p in runs]
     finally:
         for p in runs:
-            p.kill()  # the others, when one failed
+            p.kill()  # a no-op once it has exited; none is left running after a failure
+
+
+def _run(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> dict[str, Any]:
+    return _side_by_side(_start(cases_dir, store, names, ahead=ahead))[0]
 
 
 def _entries(store: Path) -> dict[tuple[str, str], str]:
