@@ -150,8 +150,12 @@ def causal_fwd_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
 
 @pytest.fixture
 def doc_store_copy(doc_store: dict[str, Any], tmp_path: Path) -> Path:
-    dst = tmp_path / "cache"
-    shutil.copytree(doc_store["dir"], dst, symlinks=True)
+    return copy_store(doc_store["dir"], tmp_path / "cache")
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A test's own copy of a shared store (:func:`once_per_run`'s are read only)."""
+    shutil.copytree(src, dst, symlinks=True)
     # Counters belong to the original process; a copy starts with none.
     shutil.rmtree(dst / "stats")
     (dst / "stats").mkdir(mode=0o700)

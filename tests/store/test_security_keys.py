@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import struct
 import zlib
 from collections.abc import Callable
@@ -438,10 +437,9 @@ def test_verify_rebuild_finds_bytes_filed_under_their_right_key(
 ) -> None:
     """What the key check cannot see: another kernel's bytes under an entry's own key text
     (a producer that compiled wrong, or lied). A rebuild on this machine compares the bytes."""
-    from tests.conftest import run_worker
+    from tests.conftest import copy_store, run_worker
 
-    root = tmp_path / "warm"
-    shutil.copytree(causal_fwd_store["dir"], root, symlinks=True)  # the causal forward, compiled once per run
+    root = copy_store(causal_fwd_store["dir"], tmp_path / "warm")  # the causal forward, compiled once per run
     run_worker(root, "compile", "--mask", "document", "--seqlen", "512", "--no-backward")
     # (An honest entry rebuilt is "identical": the bundle import below shows it for one.)
     # The causal kernel's bytes as the document entry, its sidecar's checksum made to agree.
