@@ -207,6 +207,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_LAUNCH_PLANS", parse_flag, True, "`0`: FA4 plans every KV-cache attention call "
             "itself (by default a call whose kind it planned before replays that launch: "
             "fa4cache.ops.launch_plans)", job=False),
+    Setting("FA4CACHE_DECODE_SPLIT", parse_flag, True, "`0`: a compiled decode step (torch.compile, "
+            "CUDA graphs) calls FA4 once over each sequence's whole cache (by default a long cache at "
+            "small batch is split in chunks over more SMs and combined: fa4cache.ops.decode_split)"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SETTINGS}
 ENV_DIR = BY_NAME["FA4CACHE_DIR"].name

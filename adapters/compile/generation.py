@@ -1,7 +1,8 @@
 """``fa4cache warm --hf-config PATH --generation``: cross-compile, on the CPU, the FA4
 kernels that generation with ``attn_implementation="fa4cache"`` runs for that model
 (:mod:`fa4cache.ops.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
-continuous-batching step (decode, and steps with prompts), for full and sliding layers.
+continuous-batching step (decode, and steps with prompts), for full and sliding layers, and
+the compiled path's split decode call (:mod:`fa4cache.ops.decode_split`).
 
 Each is one call of the adapter's own op body on fake CUDA tensors (the per-row lengths
 are computed on real CPU tensors first, as the masks of the packed path are); batch size
@@ -19,6 +20,8 @@ from fa4cache.errors import quiet_library_warnings
 
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256
+# Keys of the split decode call (more than decode_split.MIN_KEYS).
+_SPLIT_KEYS = 2048
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,9 @@ def _shapes(cfg: dict[str, Any]) -> tuple[int, int, int, list[int | None], float
     return heads, heads_kv, head_dim, windows, float(cfg.get("attn_logit_softcapping") or 0.0)
 
 
-def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap: float, dtype: Any) -> None:
+def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap: float, dtype: Any) -> int:
+    """Make each generation call of one layer kind on fake tensors; returns how many (the
+    kernel kinds)."""
     import torch
     from fa4cache.adapters.compile.warm_specs import _absorb_fake_data_ptr_warning
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -56,6 +61,7 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, :5] = False
     real_sequences = kv_cache.sequences
+    calls = 0
     try:
         for Tq in (1, _PREFILL_QUERIES):
             lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
@@ -69,6 +75,7 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
                 q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
                 k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
                 kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
+                calls += 1
                 # Continuous batching: the step's queries against each sequence's keys.
                 n_q = B if Tq == 1 else _PREFILL_QUERIES
                 cq = torch.empty(B + 1, dtype=torch.int32, device="cuda")
@@ -77,8 +84,23 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
                 k = torch.empty(1, heads_kv, 2 * T, head_dim, dtype=dtype, device="cuda")
                 max_q = 1 if Tq == 1 else _PREFILL_QUERIES // 2
                 kv_cache.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
+                calls += 1
+        # The compiled path's split decode (fa4cache.ops.decode_split: FA4 with its LSE), where
+        # the target splits a long cache at batch 1.
+        split = kv_cache.split_plan(heads_kv, _SPLIT_KEYS) if window is None else None
+        if split is not None:
+            whole = torch.ones(1, _SPLIT_KEYS, dtype=torch.bool)
+            lengths = kv_cache._sequences(whole, None, 1, heads_kv, _SPLIT_KEYS, split=split)
+            with FakeTensorMode(), torch.no_grad():
+                fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
+                kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
+                q = torch.empty(1, heads, 1, head_dim, dtype=dtype, device="cuda")
+                k = torch.empty(1, heads_kv, _SPLIT_KEYS, head_dim, dtype=dtype, device="cuda")
+                kv_cache.forward(q, k, k, whole, None, True, None, head_dim**-0.5, softcap)
+                calls += 1
     finally:
         kv_cache.sequences = real_sequences  # type: ignore[assignment]
+    return calls
 
 
 GENERATION_KEY = "generation"  # a sidecar spec {"generation": {...}, "arch": ...}: warm --replay
@@ -136,20 +158,21 @@ def warm_generation_items(items: list[dict[str, Any]], *, cache_dir: str | None 
     before = store.counts()
     t0 = time.perf_counter()
     errors = []
+    calls = 0
     for item in items:
         g = item[GENERATION_KEY]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[g["dtype"]]
         try:
             # quiet: fake tensors, torch's data-pointer warning is noise here
             with record_spec(item), quiet_library_warnings():
-                _calls(g["heads"], g["heads_kv"], g["head_dim"], g["window"], g["softcap"], dtype)
+                calls += _calls(g["heads"], g["heads_kv"], g["head_dim"], g["window"], g["softcap"], dtype)
         except Exception as e:  # reported by the CLI; the other kinds still compile
             errors.append(f"{g['dtype']} window={g['window']}: {type(e).__name__}: {e}")
     fold_all_hits()
     store.flush_counters()
     c = store.counts()
     return GenerationWarm(
-        kernels=4 * len(items),
+        kernels=calls,
         compiles=int(c["compiles"] - before["compiles"]),
         present=int(c["disk_hits"] - before["disk_hits"] + c["memory_hits"] - before["memory_hits"]),
         seconds=time.perf_counter() - t0,

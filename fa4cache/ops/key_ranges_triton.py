@@ -11,8 +11,8 @@ BLOCK = 1024
 
 @triton.jit
 def key_ranges(
-    mask, m_row, m_col, width, keys, heads_kv, cu, used, ok, n_seq,
-    CHECK: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr,
+    mask, m_row, m_col, width, keys, heads_kv, cu, used, ok, n_seq, chunk,
+    CHECK: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     # One program per row: its first and last slot in the mask and its count of tokens.
     b = tl.program_id(0)
@@ -33,7 +33,12 @@ def key_ranges(
     n = tl.where(width > keys, tl.maximum(tl.minimum(count, keys - start), 0), count)
     h = tl.arange(0, HEADS)
     seq = b * heads_kv + h
-    tl.store(cu + seq, seq * keys + start, mask=h < heads_kv)
-    tl.store(used + seq, tl.zeros([HEADS], tl.int32) + n, mask=h < heads_kv)
+    # Split decoding (decode_split.py): the run in SPLITS chunks of `chunk` keys, chunk j of
+    # every sequence at j * n_seq + seq; a chunk past the run is empty, at the run's end.
+    for j in tl.static_range(SPLITS):
+        lo = j * chunk
+        tl.store(cu + j * n_seq + seq, seq * keys + start + tl.minimum(lo, n), mask=h < heads_kv)
+        part = tl.minimum(tl.maximum(n - lo, 0), chunk)
+        tl.store(used + j * n_seq + seq, tl.zeros([HEADS], tl.int32) + part, mask=h < heads_kv)
     if b == 0:
-        tl.store(cu + n_seq, n_seq * keys)
+        tl.store(cu + SPLITS * n_seq, n_seq * keys)

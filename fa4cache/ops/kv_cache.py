@@ -40,7 +40,7 @@ from typing import Any
 from fa4cache.errors import quiet_library_warnings
 from fa4cache.extras import triton_runs_on
 
-from . import launch_plans
+from . import decode_split, launch_plans
 
 _ONE_RUN = (
     "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
@@ -93,16 +93,27 @@ def key_ranges(attention_mask: Any, position_ids: Any, batch: int, *, check: boo
 
 
 def _sequences(
-    attention_mask: Any, position_ids: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
+    attention_mask: Any,
+    position_ids: Any,
+    batch: int,
+    heads_kv: int,
+    keys: int,
+    *,
+    check: bool = True,
+    split: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """``cu_seqlens_k`` (``[B * Hkv + 1]``) and ``seqused_k`` (``[B * Hkv]``) over the cache
     flattened to ``[B * Hkv * Tk]`` slots: one Triton launch for a CUDA mask
     (:func:`key_ranges_triton`), else a few element-wise kernels, where each launch costs
-    about as much as the work."""
+    about as much as the work. ``split``: ``(S, C)``, each sequence's keys in S chunks of C
+    (:mod:`.decode_split`; ``S * B * Hkv`` sequences, chunk-major)."""
     import torch
 
     if _triton_ranges(attention_mask):
-        return key_ranges_triton(attention_mask, batch, heads_kv, keys, check=check)
+        return key_ranges_triton(attention_mask, batch, heads_kv, keys, check=check, split=split)
+    if split is not None:
+        cu, used = _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
+        return decode_split.chunks(cu, used, *split)
     start, count = key_ranges(attention_mask, position_ids, batch, check=check)
     if attention_mask is None or attention_mask.shape[1] > keys:
         # Without a mask (or one wider than the keys), a sliding cache holds fewer than all
@@ -126,7 +137,13 @@ def _triton_ranges(attention_mask: Any) -> bool:
 
 
 def key_ranges_triton(
-    attention_mask: Any, batch: int, heads_kv: int, keys: int, *, check: bool = True
+    attention_mask: Any,
+    batch: int,
+    heads_kv: int,
+    keys: int,
+    *,
+    check: bool = True,
+    split: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """:func:`_sequences` for a 2-D mask, in one Triton launch (the same values as the PyTorch
     form; a mask that is not one run per row is refused on the device as there)."""
@@ -136,15 +153,16 @@ def key_ranges_triton(
     from . import key_ranges_triton as kernels
 
     n = batch * heads_kv
+    splits, chunk = split if split is not None else (1, keys)
     dev = attention_mask.device
-    cu = torch.empty(n + 1, dtype=torch.int32, device=dev)
-    used = torch.empty(n, dtype=torch.int32, device=dev)
+    cu = torch.empty(splits * n + 1, dtype=torch.int32, device=dev)
+    used = torch.empty(splits * n, dtype=torch.int32, device=dev)
     ok = torch.empty(batch if check else 1, dtype=torch.int32, device=dev)
     width = attention_mask.shape[1]
     kernels.key_ranges[(batch,)](
-        attention_mask, *attention_mask.stride(), width, keys, heads_kv, cu, used, ok, n,
+        attention_mask, *attention_mask.stride(), width, keys, heads_kv, cu, used, ok, n, chunk,
         CHECK=check, BLOCK=min(kernels.BLOCK, triton.next_power_of_2(max(width, 16))),
-        HEADS=triton.next_power_of_2(heads_kv),
+        HEADS=triton.next_power_of_2(heads_kv), SPLITS=splits,
     )  # fmt: skip
     if check:
         torch._assert_async(ok.all(), _ONE_RUN)
@@ -185,6 +203,7 @@ def sequences(
     *,
     check: bool = True,
     share: bool = False,
+    split: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """:func:`_sequences`, computed once per decode step and kind of layer in eager mode: the
     layers after the first reuse it while the mask (or ``position_ids``) is the same tensor,
@@ -193,12 +212,12 @@ def sequences(
     inside torch.compile's CUDA-graph trees (their warm-up runs in the graphs' pool)."""
     src = attention_mask if attention_mask is not None else position_ids
     if not share or src is None or not _shareable(src):
-        return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
-    key = (_tensor_key(src), attention_mask is None, batch, heads_kv, keys)
+        return _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check, split=split)
+    key = (_tensor_key(src), attention_mask is None, batch, heads_kv, keys, split)
     hit = _step.get(key)
     if hit is not None and hit[0]() is src and (hit[1] or not check):
         return hit[2]
-    value = _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check)
+    value = _sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check, split=split)
     while len(_step) >= 8:  # a step has one or two kinds of layer (full and sliding)
         del _step[next(iter(_step))]  # the oldest: never the current step's other kind
     _step[key] = (weakref.ref(src), check, value)
@@ -247,6 +266,11 @@ def forward(
     result = query.new_empty(B, 1, Hq, Dv) if Tq == 1 else None
     buf = result.view(n, 1, g, Dv) if result is not None else query.new_empty(n, Tq, g, Dv)
     scalars = (Tq, softmax_scale, causal, softcap, window, 0 if window is not None else None)
+    if not share and result is not None and window is None:
+        split = split_plan(n, Tk)
+        if split is not None:
+            _split_forward(q, k, v, buf, attention_mask, position_ids, B, Hkv, Tk, split, scalars, check_mask)
+            return result
     lane = inputs = None
     if share:
         inputs = _inputs(query, key, value, attention_mask, scalars)
@@ -264,6 +288,40 @@ def forward(
     if result is not None:
         return result
     return buf.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
+
+
+def split_plan(sequences: int, keys: int) -> tuple[int, int] | None:
+    """:func:`.decode_split.plan` for this device, unless ``FA4CACHE_DECODE_SPLIT=0``."""
+    from fa4cache.arch import num_sms_or_none
+    from fa4cache.settings import setting
+
+    sms = num_sms_or_none()
+    if sms is None or not setting("FA4CACHE_DECODE_SPLIT"):
+        return None
+    return decode_split.plan(sequences, keys, sms)
+
+
+def _split_forward(
+    q: Any, k: Any, v: Any, out: Any, attention_mask: Any, position_ids: Any, batch: int, heads_kv: int,
+    keys: int, split: tuple[int, int], scalars: tuple[Any, ...], check: bool,
+) -> None:  # fmt: skip
+    """One decode call (``q [n, 1, g, D]``, writing ``out [n, 1, g, Dv]``) split in chunks
+    (:mod:`.decode_split`): FA4 over the chunk sequences, each with its copy of its query
+    and its log-sum-exp, then the combine. FA4 runs whole (no launch plan: only the
+    compiled path splits, where its host time is captured once)."""
+    import torch
+
+    splits, chunk = split
+    n, _, g, d = q.shape
+    cu, used = sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check, split=split)
+    queries = q.expand(splits, n, 1, g, d).reshape(splits * n, 1, g, d)
+    parts = q.new_empty(splits * n, 1, g, out.shape[-1])
+    lse = torch.empty(splits * n, g, 1, dtype=torch.float32, device=q.device)
+    kwargs = dict(zip(launch_plans.SCALARS, scalars))
+    _quiet_fa4_forward(
+        queries, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_k=chunk, out=parts, lse=lse, **kwargs
+    )
+    decode_split.combine(parts, lse, out, splits)
 
 
 def _inputs(query: Any, key: Any, value: Any, attention_mask: Any, scalars: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -413,6 +413,8 @@ def test_replayed_decode_launches_equal_fa4s_own(monkeypatch: pytest.MonkeyPatch
         return real(*a, **kw)
 
     monkeypatch.setattr(kv_cache, "_fa4_forward", counting)
+    # The unsplit call, whose launch is planned (a split call runs FA4 whole: decode_split).
+    monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "0")
     assert launch_plans.enabled(), "this FA4's sources are not verified: no plans to test"
     for case in range(12):
         B, Hkv = rng.choice([1, 3, 32]), rng.choice([1, 2, 4])
@@ -455,3 +457,110 @@ def test_triton_key_ranges_equal_the_pytorch_form_on_the_gpu(monkeypatch: pytest
         monkeypatch.delenv("FA4CACHE_TRITON")
         got = kv_cache._sequences(mask, None, B, heads_kv, keys, check=False)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (SEED, case, what)
+
+
+def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The compiled path's split decode (fa4cache/ops/decode_split.py): real FA4 over chunk
+    # sequences with its LSE, and the Triton combine, against FA4's unsplit call over random
+    # shapes, paddings and static buffers; then captured in a CUDA graph and replayed with
+    # another padding and new keys.
+    import torch
+
+    from fa4cache.ops import decode_split, kv_cache
+
+    combines = [0]
+    real = decode_split.combine
+
+    def counted(*a: Any) -> None:
+        combines[0] += 1
+        real(*a)
+
+    monkeypatch.setattr(decode_split, "combine", counted)
+    rng = random.Random(SEED + 11)
+    print(f"seed {SEED + 11}")
+
+    def draw() -> tuple[Any, ...]:
+        B, Hkv, g = rng.choice([1, 2, 3, 8]), rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8])
+        D, Tk = rng.choice([64, 128]), rng.randint(1024, 6000)
+        q = torch.randn(B, Hkv * g, 1, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, Hkv, Tk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        mask = torch.ones(B, Tk, dtype=torch.long, device="cuda")
+        for b in range(B):
+            a = rng.randint(0, Tk - 2)
+            mask[b, :a] = 0
+            if rng.random() < 0.5:  # a static buffer's unused slots
+                mask[b, rng.randint(a + 1, Tk) :] = 0
+        return q, k, v, mask, rng.choice([0.0, 30.0]), f"B={B} Hkv={Hkv} g={g} D={D} Tk={Tk}"
+
+    def unsplit(*a: Any) -> Any:
+        with monkeypatch.context() as m:
+            m.setenv("FA4CACHE_DECODE_SPLIT", "0")
+            return kv_cache.forward(*a)
+
+    split_cases = 0
+    for case in range(40):
+        q, k, v, mask, softcap, what = draw()
+        args = (q, k, v, mask, None, True, None, q.shape[-1] ** -0.5, softcap)
+        before = combines[0]
+        got, want = kv_cache.forward(*args), unsplit(*args)
+        split_cases += combines[0] > before
+        assert _rel(got, want) < 1e-2, (case, what, _rel(got, want))
+    assert split_cases >= 20, split_cases
+    # In a CUDA graph: captured once, replayed with another padding and new keys.
+    q, k, v, mask, softcap, what = draw()
+    while kv_cache.split_plan(k.shape[0] * k.shape[1], k.shape[2]) is None:
+        q, k, v, mask, softcap, what = draw()
+    args = (q, k, v, mask, None, True, None, q.shape[-1] ** -0.5, softcap)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kv_cache.forward(*args)  # warm-up: FA4 and Triton load their kernels
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kv_cache.forward(*args)
+    for _ in range(3):
+        mask.fill_(1)
+        mask[:, : rng.randint(0, mask.shape[1] - 2)] = 0
+        k.normal_()
+        graph.replay()
+        assert _rel(out, unsplit(*args)) < 1e-2, what
+
+
+def test_compiled_decoding_of_a_long_cache_splits_and_keeps_sdpas_tokens(
+    seen: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Static-cache decoding compiled by transformers (CUDA graphs) over a cache past
+    # decode_split.MIN_KEYS, at batch 1 and 4: the split path runs (in the graphs' capture),
+    # and the greedy tokens are sdpa's.
+    import torch
+
+    from fa4cache.ops import decode_split
+
+    combines = [0]
+    real = decode_split.combine
+
+    def counted(*a: Any) -> None:
+        combines[0] += 1
+        real(*a)
+
+    monkeypatch.setattr(decode_split, "combine", counted)
+    torch._dynamo.reset()
+    cfg = _configs()["llama-gqa"]
+    state = _patterned_state(cfg)
+    ours, ref = _model(cfg, "fa4cache", state=state), _model(cfg, "sdpa", state=state)
+    agree = []
+    for batch in (1, 4):
+        ids, mask = _pattern_prompts(random.Random(SEED + 6 + batch), batch, 1100, cfg.vocab_size)
+        kw = {
+            "max_new_tokens": 24,
+            "do_sample": False,
+            "attention_mask": mask,
+            "cache_implementation": "static",
+        }
+        out = ours.generate(ids, **kw)
+        want = ref.generate(ids, **{**kw, "disable_compile": True})
+        agree.append(float((out[:, ids.shape[1] :] == want[:, ids.shape[1] :]).float().mean()))
+    print(f"token agreement with sdpa at batch 1 and 4: {agree}")
+    assert combines[0] > 0
+    assert min(agree) >= 0.9, agree

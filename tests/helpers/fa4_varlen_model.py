@@ -139,13 +139,15 @@ def flash_attn_fwd(
     window_size_left: int | None = None,
     window_size_right: int | None = None,
     out: Any = None,
+    lse: Any = None,
 ) -> tuple[Any, Any]:
     """FA4's ``_flash_attn_fwd`` for the key layouts of KV-cache attention, in float:
     ``(out, lse)``. Queries: dense ``[N, Tq, Hq, D]`` or flat ``[total_q, Hq, D]`` with
     ``cu_seqlens_q``. Keys of sequence ``i``: flat ``k[cu_seqlens_k[i]:][:seqused_k[i]]``;
     paged ``k[page_table[i]]`` (``[pages, page_size, Hk, D]``) up to ``seqused_k[i]``; or dense
     ``k[i][:seqused_k[i]]``. Queries align bottom-right to their keys (causal and windows as
-    FA4 masks them); a query with no keys gets 0 and lse -inf."""
+    FA4 masks them); a query with no keys gets 0 and lse -inf. A given ``lse`` (float32, FA4's
+    layout: ``[N, Hq, Tq]`` dense, ``[Hq, total_q]`` flat) is written as FA4 writes it."""
     if (cu_seqlens_k is not None) + (page_table is not None) > 1:
         raise AssertionError("page_table is not supported with cu_seqlens_k (as in FA4)")
     for t in (cu_seqlens_q, cu_seqlens_k, seqused_k):  # FA4's own input checks
@@ -167,6 +169,10 @@ def flash_attn_fwd(
         raise AssertionError(f"out shape {tuple(out.shape)} != expected {(*q.shape[:-1], v.shape[-1])}")
     if out is None:  # FA4 leaves rows outside every sequence as they were
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    given = lse
+    fa4_layout = (q.shape[0], q.shape[2], q.shape[1]) if dense_q else (q.shape[1], q.shape[0])
+    if given is not None and (tuple(given.shape) != fa4_layout or given.dtype != torch.float32):
+        raise AssertionError(f"lse shape {tuple(given.shape)} != expected {fa4_layout}")
     lse = torch.full(q.shape[:-1], float("-inf"))
     scale = softmax_scale or q.shape[-1] ** -0.5
     for i in range(n):
@@ -204,6 +210,8 @@ def flash_attn_fwd(
             out[i], lse[i] = o, row_lse.transpose(0, 1)
         else:
             out[rows], lse[rows] = o, row_lse.transpose(0, 1)
+    if given is not None:
+        given.copy_(lse.transpose(-1, -2) if dense_q else lse.transpose(0, 1))
     return out, lse
 
 

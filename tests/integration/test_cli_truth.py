@@ -195,7 +195,7 @@ def test_a_presence_check_by_warm_counts_as_last_used(warmed: dict[str, Any], wa
             os.utime(p, (old, old))
     w = run_cli(warmed_copy, "warm", "--hf-config", str(warmed["config"]), "--generation", "-j", "2")
     assert w.returncode == 0 and "1 spec, 0 kernels compiled" in w.stdout, w.stdout + w.stderr
-    assert "generation: 4 kernel kinds, 0 compiled" in w.stdout, w.stdout
+    assert "generation: 5 kernel kinds, 0 compiled" in w.stdout, w.stdout
     p = run_cli(warmed_copy, "prune", "--older-than", "1d")
     assert p.returncode == 0 and "removed 0 entries" in p.stdout, p.stdout
 
@@ -216,7 +216,7 @@ def test_replay_honours_arch_and_names_what_it_left_out(warmed: dict[str, Any], 
     assert "0 kernels compiled" in p.stdout and "0 failed" in p.stdout, p.stdout
     assert "left out 1 spec for sm_100: run `fa4cache warm --replay --arch sm_100`" in p.stdout
     # warm --generation's calls recorded their spec too: replayed, none left without one.
-    assert "generation: 4 kernel kinds, 0 compiled" in p.stdout and "no replayable spec" not in p.stdout
+    assert "generation: 5 kernel kinds, 0 compiled" in p.stdout and "no replayable spec" not in p.stdout
 
 
 def test_replay_reads_jit_specs(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""Split-KV decoding on FA4's varlen kernel, for the compiled decode path (CUDA graphs).
+
+A decode step's FA4 call has one CTA per (row, KV head) sequence: at batch 1 with 4 KV
+heads, 4 of the H200's 132 SMs stream every key, and the call takes 29 µs at 2,048 keys
+where sdpa's split kernel takes 10 (``benchmarks/results/split_kv_h200.md``). FA4 splits
+the keys itself only on sm_100 (``num_splits`` asserts on sm_90), and its combine kernel
+faults on the layout below, so the split is made here: each sequence's keys become ``S``
+chunks of ``C`` keys, each chunk a varlen sequence of its own (``cu_seqlens_k`` +
+``seqused_k``, chunk-major: chunk ``j`` of sequence ``i`` is sequence ``j * n + i``), the
+query repeated per chunk; FA4 returns each chunk's output and log-sum-exp, and one Triton
+launch (:mod:`.decode_split_triton`; PyTorch off CUDA) weighs them together.
+
+Only the op body splits (``torch.ops.fa4cache.kv_cache_attention``, what torch.compile and
+its CUDA graphs run): there the extra launches (the query's copy, the combine) cost GPU
+microseconds, not host time. The eager path, bound by the host, never splits. A chunk
+aligned to FA4's key tile; no split under :data:`MIN_KEYS`, for windows (a chunk's query
+would not see its window), or at more than one query.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Fewer keys: the unsplit call is already short (the split's two extra launches cost more).
+MIN_KEYS = 1024
+# FA4's key tile: a chunk holds whole tiles.
+CHUNK_ALIGN = 128
+# Most chunks per sequence (past 16 the H200 gained nothing: split_kv_h200.md).
+MAX_SPLITS = 16
+
+
+def plan(sequences: int, keys: int, num_sms: int) -> tuple[int, int] | None:
+    """``(S, C)``: ``S`` chunks of ``C`` keys for a decode call of ``sequences`` (row, KV
+    head) sequences over ``keys`` cache slots, or None for no split. S is the largest power
+    of two up to :data:`MAX_SPLITS` with ``sequences * S`` CTAs on ``num_sms`` SMs, less
+    while the last chunk would be empty."""
+    if keys < MIN_KEYS or sequences < 1:
+        return None
+    splits = 1
+    while splits * 2 <= MAX_SPLITS and sequences * splits * 2 <= num_sms:
+        splits *= 2
+    while splits > 1:
+        chunk = _ceil(_ceil(keys, splits), CHUNK_ALIGN) * CHUNK_ALIGN
+        if (splits - 1) * chunk < keys:
+            return splits, chunk
+        splits //= 2
+    return None
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def chunks(cu: Any, used: Any, splits: int, chunk: int) -> tuple[Any, Any]:
+    """Unsplit ``(cu_seqlens_k, seqused_k)`` of ``n`` sequences as ``splits * n`` chunk
+    sequences, chunk-major (the PyTorch form of the Triton kernel's ``SPLITS``): chunk ``j``
+    starts ``j * chunk`` keys into its sequence's run (at the run's end once past it) and
+    holds at most ``chunk`` of them."""
+    import torch
+
+    n = used.shape[0]
+    lo = torch.arange(splits, device=used.device, dtype=torch.int32).view(splits, 1) * chunk
+    run = used.view(1, n)
+    starts = (cu[:-1].view(1, n) + torch.minimum(lo, run)).reshape(-1)
+    parts = (run - lo).clamp(0, chunk).reshape(-1)
+    return torch.cat((starts, cu[-1:])).to(torch.int32), parts.to(torch.int32).contiguous()
+
+
+def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
+    """Write into ``out`` (``[n, 1, g, Dv]``) the attention over every chunk, from each
+    chunk's output ``parts`` (``[S * n, 1, g, Dv]``, chunk-major) and log-sum-exp ``lse``
+    (``[S * n, g, 1]``, float32; -inf for a chunk without keys): the chunks' outputs weighed
+    by ``exp(lse - max)``. A sequence without keys gets 0, as FA4 gives it."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    from fa4cache.extras import triton_runs_on
+
+    if is_fake(parts):  # a cross-compile (fa4cache warm): nothing to compute
+        return
+    rows, dv = out.shape[0] * out.shape[2], out.shape[-1]
+    if type(parts) is torch.Tensor and triton_runs_on(parts):
+        import triton
+
+        from . import decode_split_triton as kernels
+
+        kernels.combine[(rows,)](
+            parts, lse, out, rows, S=splits, D=dv, BS=triton.next_power_of_2(splits),
+            BD=triton.next_power_of_2(dv),
+        )  # fmt: skip
+        return
+    lse = lse.view(splits, rows)
+    top = lse.amax(0).nan_to_num(0.0, neginf=0.0)
+    w = torch.exp(lse - top)
+    total = w.sum(0)
+    mixed = (parts.view(splits, rows, dv).float() * w[..., None]).sum(0)
+    mixed = mixed / torch.where(total == 0, torch.ones_like(total), total)[:, None]
+    out.view(rows, dv).copy_(mixed)
