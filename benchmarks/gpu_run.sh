@@ -16,6 +16,8 @@
 #                GENERATION_ARGS: the benchmark's options; GENERATION_BENCH=0: tests only)
 #   TRANSFORMERS_WHEEL=path/to/transformers-X.whl (relative to the repo): every part on that transformers
 #   PART=profile  where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS)
+#   PART=ladder   an eager decode step part by part (benchmarks/profile_decode_ladder.py; LADDER_ARGS)
+#   PART=split    split decoding's attention in CUDA graphs against unsplit and sdpa (bench_decode_split.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -106,6 +108,13 @@ if has generation; then
     # shellcheck disable=SC2086
     timeout $(( gbudget + 90 )) python3 benchmarks/bench_generation.py --budget "$gbudget" ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
   fi
+fi
+if has ladder; then
+  # shellcheck disable=SC2086
+  timeout ${LADDER_TIMEOUT:-330} python3 benchmarks/profile_decode_ladder.py ${LADDER_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
+fi
+if has split; then
+  timeout ${SPLIT_TIMEOUT:-240} python3 benchmarks/bench_decode_split.py 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
 fi
 if has profile; then
   # Where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS: its options).

@@ -25,9 +25,10 @@ from profile_decode import NULL, register_null
 
 def register_ladder() -> None:
     from fa4cache.adapters.transformers import padding_mask
-    from fa4cache.ops import kv_cache
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
+
+    from fa4cache.ops import kv_cache
 
     def ranges(
         module: Any, query: Any, key: Any, value: Any, mask: Any, *a: Any, **kw: Any
@@ -55,8 +56,9 @@ class Clock:
 def main() -> None:
     import torch
     from fa4cache.adapters.transformers import register
-    from fa4cache.ops import launch_plans
     from transformers import AutoModelForCausalLM, LogitsProcessorList
+
+    from fa4cache.ops import launch_plans
 
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", nargs="*", default=["llama-d64:1:128", "llama-d64:1:2048", "llama-d64:8:128"])
@@ -124,7 +126,7 @@ def main() -> None:
         )
         print(json.dumps(row), flush=True)
         out.append(row)
-        del models
+        models.clear()
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("FA4CACHE_RESULTS", "."), "decode_ladder_h200.json"), "w") as f:
         json.dump(out, f, indent=1)
