@@ -82,6 +82,7 @@ def main() -> None:
                     for name in list(fns)[:: 1 if r % 2 == 0 else -1]:
                         runs[name].append(gpu_us(fns[name]))
                 us = {n: statistics.median(t) for n, t in runs.items()}
+                os.environ["FA4CACHE_DECODE_SPLIT"] = "1"
                 plan = kv_cache.split_plan(B * Hkv, Tk)
                 row = {
                     "heads": f"{Hq}:{Hkv}",
