@@ -83,7 +83,7 @@ def main() -> None:
                         runs[name].append(gpu_us(fns[name]))
                 us = {n: statistics.median(t) for n, t in runs.items()}
                 os.environ["FA4CACHE_DECODE_SPLIT"] = "1"
-                plan = kv_cache.split_plan(B * Hkv, Tk)
+                plan = kv_cache.split_plan(B * Hkv, Tk, D)
                 row = {
                     "heads": f"{Hq}:{Hkv}",
                     "D": D,

@@ -87,7 +87,7 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
                 calls += 1
         # The compiled path's split decode (fa4cache.ops.decode_split: FA4 with its LSE), where
         # the target splits a long cache at batch 1.
-        split = kv_cache.split_plan(heads_kv, _SPLIT_KEYS) if window is None else None
+        split = kv_cache.split_plan(heads_kv, _SPLIT_KEYS, head_dim) if window is None else None
         if split is not None:
             whole = torch.ones(1, _SPLIT_KEYS, dtype=torch.bool)
             lengths = kv_cache._sequences(whole, None, 1, heads_kv, _SPLIT_KEYS, split=split)

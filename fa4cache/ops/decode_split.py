@@ -2,7 +2,7 @@
 
 A decode step's FA4 call has one CTA per (row, KV head) sequence: at batch 1 with 4 KV
 heads, 4 of the H200's 132 SMs stream every key, and the call takes 29 µs at 2,048 keys
-where sdpa's split kernel takes 10 (``benchmarks/results/split_kv_h200.md``). FA4 splits
+where sdpa's split kernel takes 10 (``benchmarks/results/decode_split_h200.md``). FA4 splits
 the keys itself only on sm_100 (``num_splits`` asserts on sm_90), and its combine kernel
 faults on the layout below, so the split is made here: each sequence's keys become ``S``
 chunks of ``C`` keys, each chunk a varlen sequence of its own (``cu_seqlens_k`` +
@@ -11,10 +11,12 @@ query repeated per chunk; FA4 returns each chunk's output and log-sum-exp, and o
 launch (:mod:`.decode_split_triton`; PyTorch off CUDA) weighs them together.
 
 Only the op body splits (``torch.ops.fa4cache.kv_cache_attention``, what torch.compile and
-its CUDA graphs run): there the extra launches (the query's copy, the combine) cost GPU
-microseconds, not host time. The eager path, bound by the host, never splits. A chunk
-aligned to FA4's key tile; no split under :data:`MIN_KEYS`, for windows (a chunk's query
-would not see its window), or at more than one query.
+its CUDA graphs run): there the extra launches (the query's copy, the combine) and FA4's own
+planning (a split call has no launch plan) are captured once. Under torch.compile without
+CUDA graphs they are host time in every layer: set ``FA4CACHE_DECODE_SPLIT=0`` there if
+the step is the host's. The eager path, bound by the host, never splits. A chunk
+aligned to FA4's key tile; no split under :data:`MIN_KEYS`, above :data:`MAX_HEAD_DIM`, for
+windows (a chunk's query would not see its window), or at more than one query.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from typing import Any
 MIN_KEYS = 1024
 # FA4's key tile: a chunk holds whole tiles.
 CHUNK_ALIGN = 128
-# Most chunks per sequence (past 16 the H200 gained nothing: split_kv_h200.md).
+# Most chunks per sequence (past 16 the H200 gained nothing: decode_split_probe_h200.md).
 MAX_SPLITS = 16
+# Largest head dim split (measured at 64 and 128; at 256 FA4's sm_100 kernel choice depends
+# on the batch, here S times the rows, which the warm's one call would not cover).
+MAX_HEAD_DIM = 128
 
 
 def plan(sequences: int, keys: int, num_sms: int) -> tuple[int, int] | None:

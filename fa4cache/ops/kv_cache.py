@@ -267,7 +267,7 @@ def forward(
     buf = result.view(n, 1, g, Dv) if result is not None else query.new_empty(n, Tq, g, Dv)
     scalars = (Tq, softmax_scale, causal, softcap, window, 0 if window is not None else None)
     if not share and result is not None and window is None:
-        split = split_plan(n, Tk)
+        split = split_plan(n, Tk, max(D, Dv))
         if split is not None:
             _split_forward(q, k, v, buf, attention_mask, position_ids, B, Hkv, Tk, split, scalars, check_mask)
             return result
@@ -290,13 +290,17 @@ def forward(
     return buf.view(B, Hkv, Tq, g, Dv).permute(0, 2, 1, 3, 4).reshape(B, Tq, Hq, Dv)
 
 
-def split_plan(sequences: int, keys: int) -> tuple[int, int] | None:
-    """:func:`.decode_split.plan` for this device, unless ``FA4CACHE_DECODE_SPLIT=0``."""
+def split_plan(sequences: int, keys: int, head_dim: int) -> tuple[int, int] | None:
+    """:func:`.decode_split.plan` for this device, unless ``FA4CACHE_DECODE_SPLIT=0`` or
+    ``head_dim`` (the larger of the query's and the value's) is past
+    :data:`.decode_split.MAX_HEAD_DIM`."""
     from fa4cache.arch import num_sms_or_none
     from fa4cache.settings import setting
 
+    if head_dim > decode_split.MAX_HEAD_DIM or not setting("FA4CACHE_DECODE_SPLIT"):
+        return None
     sms = num_sms_or_none()
-    if sms is None or not setting("FA4CACHE_DECODE_SPLIT"):
+    if sms is None:
         return None
     return decode_split.plan(sequences, keys, sms)
 
@@ -308,13 +312,15 @@ def _split_forward(
     """One decode call (``q [n, 1, g, D]``, writing ``out [n, 1, g, Dv]``) split in chunks
     (:mod:`.decode_split`): FA4 over the chunk sequences, each with its copy of its query
     and its log-sum-exp, then the combine. FA4 runs whole (no launch plan: only the
-    compiled path splits, where its host time is captured once)."""
+    compiled path splits, where CUDA graphs capture its host time once)."""
     import torch
 
     splits, chunk = split
     n, _, g, d = q.shape
     cu, used = sequences(attention_mask, position_ids, batch, heads_kv, keys, check=check, split=split)
-    queries = q.expand(splits, n, 1, g, d).reshape(splits * n, 1, g, d)
+    # A copy (also at one sequence, where the reshape would be a stride-0 view): the query's
+    # broadcast dims are in FA4's compile key, so one layout serves every batch.
+    queries = q.expand(splits, n, 1, g, d).reshape(splits * n, 1, g, d).contiguous()
     parts = q.new_empty(splits * n, 1, g, out.shape[-1])
     lse = torch.empty(splits * n, g, 1, dtype=torch.float32, device=q.device)
     kwargs = dict(zip(launch_plans.SCALARS, scalars))

@@ -459,23 +459,33 @@ def test_triton_key_ranges_equal_the_pytorch_form_on_the_gpu(monkeypatch: pytest
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (SEED, case, what)
 
 
-def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def combines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts split decoding's combines (one per split call run: eager, warm-up or capture)."""
+    from fa4cache.ops import decode_split
+
+    n = [0]
+    real = decode_split.combine
+
+    def counted(*a: Any) -> None:
+        n[0] += 1
+        real(*a)
+
+    monkeypatch.setattr(decode_split, "combine", counted)
+    return n
+
+
+def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(
+    combines: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The compiled path's split decode (fa4cache/ops/decode_split.py): real FA4 over chunk
     # sequences with its LSE, and the Triton combine, against FA4's unsplit call over random
     # shapes, paddings and static buffers; then captured in a CUDA graph and replayed with
     # another padding and new keys.
     import torch
 
-    from fa4cache.ops import decode_split, kv_cache
+    from fa4cache.ops import kv_cache
 
-    combines = [0]
-    real = decode_split.combine
-
-    def counted(*a: Any) -> None:
-        combines[0] += 1
-        real(*a)
-
-    monkeypatch.setattr(decode_split, "combine", counted)
     rng = random.Random(SEED + 11)
     print(f"seed {SEED + 11}")
 
@@ -508,7 +518,7 @@ def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(monkeypatch
     assert split_cases >= 20, split_cases
     # In a CUDA graph: captured once, replayed with another padding and new keys.
     q, k, v, mask, softcap, what = draw()
-    while kv_cache.split_plan(k.shape[0] * k.shape[1], k.shape[2]) is None:
+    while kv_cache.split_plan(k.shape[0] * k.shape[1], k.shape[2], k.shape[-1]) is None:
         q, k, v, mask, softcap, what = draw()
     args = (q, k, v, mask, None, True, None, q.shape[-1] ** -0.5, softcap)
     side = torch.cuda.Stream()
@@ -528,23 +538,13 @@ def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(monkeypatch
 
 
 def test_compiled_decoding_of_a_long_cache_splits_and_keeps_sdpas_tokens(
-    seen: Any, monkeypatch: pytest.MonkeyPatch
+    seen: Any, combines: list[int]
 ) -> None:
     # Static-cache decoding compiled by transformers (CUDA graphs) over a cache past
     # decode_split.MIN_KEYS, at batch 1 and 4: the split path runs (in the graphs' capture),
     # and the greedy tokens are sdpa's.
     import torch
 
-    from fa4cache.ops import decode_split
-
-    combines = [0]
-    real = decode_split.combine
-
-    def counted(*a: Any) -> None:
-        combines[0] += 1
-        real(*a)
-
-    monkeypatch.setattr(decode_split, "combine", counted)
     torch._dynamo.reset()
     cfg = _configs()["llama-gqa"]
     state = _patterned_state(cfg)

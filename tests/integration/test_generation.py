@@ -381,10 +381,17 @@ store = fa4cache.install()
 # Decode steps of many batch sizes and cache lengths, full and sliding layers, through the
 # op's body (FA4 on fake CUDA tensors; the per-row lengths are computed on the CPU first,
 # as the masks of the packed path are).
-for B, Tk, window in [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 63), (40, 1000, 63)]:
+# Batch 1, 2 and 4 over 1,500-3,000 keys split on the compiled path (fa4cache.ops.decode_split):
+# one split kernel more, whatever the batch.
+cases = [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 63), (40, 1000, 63), (1, 2048, None),
+         (2, 3000, None), (4, 1500, None)]
+splits = 0
+for B, Tk, window in cases:
     mask = torch.ones(B, Tk - 3, dtype=torch.bool)
     mask[0, :5] = False
-    lengths = kv_cache._sequences(mask, None, B, 2, Tk)
+    split = kv_cache.split_plan(B * 2, Tk, 128) if window is None else None
+    splits += split is not None
+    lengths = kv_cache._sequences(mask, None, B, 2, Tk, split=split)
     with FakeTensorMode(), torch.no_grad():
         fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
         kv_cache.sequences = lambda *a, fake=fake, **kw: fake
@@ -392,6 +399,7 @@ for B, Tk, window in [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 6
         k = torch.empty(B, 2, Tk, 128, dtype=torch.bfloat16, device="cuda")
         out = kv_cache.forward(q, k, k, mask, None, True, window, 0.088, 0.0)
         assert tuple(out.shape) == (B, 1, 8, 128)
+assert splits == 3, splits
 store.counters.flush()
 print("RESULT", int(store.counters.values["compiles"]), int(store.counters.values["disk_hits"]))
 """
@@ -401,7 +409,7 @@ print("RESULT", int(store.counters.values["compiles"]), int(store.counters.value
 def test_decode_shapes_compile_one_kernel_per_layer_kind(tmp_path: Any) -> None:
     # Real FA4 forward kernels, cross-compiled for sm_90: batch size and cache length are
     # not in FA4's compile key on this path (one kernel for full layers, one for sliding
-    # ones); a second process loads both from the store.
+    # ones, one for split full layers); a second process loads the three from the store.
     import subprocess
     import sys
 
@@ -415,15 +423,15 @@ def test_decode_shapes_compile_one_kernel_per_layer_kind(tmp_path: Any) -> None:
         assert p.returncode == 0, p.stderr[-3000:]
         return [int(x) for x in p.stdout.split("RESULT", 1)[1].split()]
 
-    assert run() == [2, 0]
-    assert run() == [0, 2]
+    assert run() == [3, 0]
+    assert run() == [0, 3]
 
 
 @pytest.mark.compile
 def test_warm_generation_from_a_model_config_covers_decoding(tmp_path: Any) -> None:
     # `fa4cache warm --hf-config PATH --generation` from config.json alone: afterwards the
-    # decode steps above (full and sliding layers, any batch and cache length) compile
-    # nothing and load both kernels.
+    # decode steps above (full and sliding layers, split or not, any batch and cache length)
+    # compile nothing and load the three kernels.
     import json
     import subprocess
     import sys
@@ -446,7 +454,7 @@ def test_warm_generation_from_a_model_config_covers_decoding(tmp_path: Any) -> N
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split("RESULT", 1)[1].split() == ["0", "2"]
+    assert p.stdout.split("RESULT", 1)[1].split() == ["0", "3"]
 
 
 def test_generate_batch_runs_on_fa4_without_a_mask(

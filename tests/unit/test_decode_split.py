@@ -58,7 +58,13 @@ def fa4_model(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
     def stand_in(q: Any, k: Any, v: Any, **kw: Any) -> Any:
-        calls.append({"q": tuple(q.shape), **{n: kw.get(n) for n in ("max_seqlen_k", "lse")}})
+        calls.append(
+            {
+                "q": tuple(q.shape),
+                "q_dense": q.is_contiguous(),
+                **{n: kw.get(n) for n in ("max_seqlen_k", "lse")},
+            }
+        )
         return fa4_varlen_model.flash_attn_fwd(q, k, v, **kw)[0]
 
     monkeypatch.setattr(kv_cache, "_fa4_forward", stand_in)
@@ -113,7 +119,8 @@ def test_the_split_call_equals_the_attention_over_the_whole_cache(fa4_model: lis
             continue
         s, c = plan
         assert call["q"][0] == s * key.shape[0] * key.shape[1] and call["max_seqlen_k"] == c, (what, call)
-        assert call["lse"] is not None, what
+        # A dense query at every batch (one sequence too): its broadcast dims are in FA4's key.
+        assert call["lse"] is not None and call["q_dense"], what
 
 
 def test_what_does_not_split(fa4_model: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,6 +139,10 @@ def test_what_does_not_split(fa4_model: list[dict[str, Any]], monkeypatch: pytes
     assert split_calls() == 1  # the op body (the compiled path) splits
     assert split_calls(share=True) == 0  # the eager path, bound by the host, does not
     assert split_calls(window=100) == 0  # a chunk's query would not see its window
+    fa4_model.clear()
+    big = torch.randn(1, 2, 2048, 256)  # past MAX_HEAD_DIM
+    kv_cache.forward(torch.randn(1, 8, 1, 256), big, big, mask, None, True, None, 0.25, 0.0)
+    assert [c["lse"] for c in fa4_model] == [None]
     monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "0")
     assert split_calls() == 0
     monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "1")
