@@ -57,6 +57,21 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
 
     from fa4cache.ops import kv_cache
 
+    def cache_step(mask: Any, Tq: int, window: int | None, split: tuple[int, int] | None = None) -> None:
+        """One KV-cache call (the op's body) over ``mask``'s rows and slots, ``Tq`` queries."""
+        B, T = mask.shape
+        lengths = kv_cache._sequences(mask, None, B, heads_kv, T, split=split)
+        with FakeTensorMode(), torch.no_grad():
+            # torch warns once per process when the DSL reads a fake tensor's data pointer,
+            # from C++ where no filter applies: take that warning here, filtered (-j warm
+            # workers took theirs in their own processes, not in this one).
+            _absorb_fake_data_ptr_warning()
+            fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
+            kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
+            q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
+            k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
+            kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
+
     B, T = 2, 300
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, :5] = False
@@ -64,19 +79,10 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
     calls = 0
     try:
         for Tq in (1, _PREFILL_QUERIES):
-            lengths = kv_cache._sequences(mask, None, B, heads_kv, T)
+            cache_step(mask, Tq, window)
+            calls += 1
+            # Continuous batching: the step's queries against each sequence's keys.
             with FakeTensorMode(), torch.no_grad():
-                # torch warns once per process when the DSL reads a fake tensor's data pointer,
-                # from C++ where no filter applies: take that warning here, filtered (-j warm
-                # workers took theirs in their own processes, not in this one).
-                _absorb_fake_data_ptr_warning()
-                fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-                kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
-                q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
-                k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
-                kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
-                calls += 1
-                # Continuous batching: the step's queries against each sequence's keys.
                 n_q = B if Tq == 1 else _PREFILL_QUERIES
                 cq = torch.empty(B + 1, dtype=torch.int32, device="cuda")
                 ck = torch.empty(B + 1, dtype=torch.int32, device="cuda")
@@ -84,20 +90,13 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
                 k = torch.empty(1, heads_kv, 2 * T, head_dim, dtype=dtype, device="cuda")
                 max_q = 1 if Tq == 1 else _PREFILL_QUERIES // 2
                 kv_cache.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
-                calls += 1
+            calls += 1
         # The compiled path's split decode (fa4cache.ops.decode_split: FA4 with its LSE), where
         # the target splits a long cache at batch 1.
         split = kv_cache.split_plan(heads_kv, _SPLIT_KEYS, head_dim) if window is None else None
         if split is not None:
-            whole = torch.ones(1, _SPLIT_KEYS, dtype=torch.bool)
-            lengths = kv_cache._sequences(whole, None, 1, heads_kv, _SPLIT_KEYS, split=split)
-            with FakeTensorMode(), torch.no_grad():
-                fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-                kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
-                q = torch.empty(1, heads, 1, head_dim, dtype=dtype, device="cuda")
-                k = torch.empty(1, heads_kv, _SPLIT_KEYS, head_dim, dtype=dtype, device="cuda")
-                kv_cache.forward(q, k, k, whole, None, True, None, head_dim**-0.5, softcap)
-                calls += 1
+            cache_step(torch.ones(1, _SPLIT_KEYS, dtype=torch.bool), 1, None, split)
+            calls += 1
     finally:
         kv_cache.sequences = real_sequences  # type: ignore[assignment]
     return calls

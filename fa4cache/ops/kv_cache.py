@@ -297,7 +297,10 @@ def split_plan(sequences: int, keys: int, head_dim: int) -> tuple[int, int] | No
     from fa4cache.arch import num_sms_or_none
     from fa4cache.settings import setting
 
-    if head_dim > decode_split.MAX_HEAD_DIM or not setting("FA4CACHE_DECODE_SPLIT"):
+    # The integer bounds first: this runs in every layer of a compiled step without graphs.
+    if head_dim > decode_split.MAX_HEAD_DIM or keys < decode_split.MIN_KEYS:
+        return None
+    if not setting("FA4CACHE_DECODE_SPLIT"):
         return None
     sms = num_sms_or_none()
     if sms is None:
