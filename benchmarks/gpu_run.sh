@@ -17,6 +17,7 @@
 #   TRANSFORMERS_WHEEL=path/to/transformers-X.whl (relative to the repo): every part on that transformers
 #   PART=profile  where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS)
 #   PART=ladder   an eager decode step part by part (benchmarks/profile_decode_ladder.py; LADDER_ARGS)
+#   PART=ranges   the eager step's key ranges in situ, the static compiled path's null bound (probe_decode_ranges.py)
 #   PART=split    split decoding's attention in CUDA graphs against unsplit and sdpa (bench_decode_split.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
@@ -112,6 +113,10 @@ fi
 if has ladder; then
   # shellcheck disable=SC2086
   timeout ${LADDER_TIMEOUT:-330} python3 benchmarks/profile_decode_ladder.py ${LADDER_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
+fi
+if has ranges; then
+  # shellcheck disable=SC2086
+  timeout ${RANGES_TIMEOUT:-420} python3 benchmarks/probe_decode_ranges.py ${RANGES_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
 fi
 if has split; then
   timeout ${SPLIT_TIMEOUT:-240} python3 benchmarks/bench_decode_split.py 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"

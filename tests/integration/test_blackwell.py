@@ -105,24 +105,33 @@ def _warm(cache: Path, arch: str, *args: str, **env: str) -> dict[str, Any]:
     return {"compiled": int(compiled), "out": p.stdout}
 
 
+# sm_100's whole default sets; sm_90's are compiled by the CLI's and the adapters' tests, so
+# here one kernel of it checks the toolchain its entries are filed under (CI time: ~50 s less).
+SETS = {
+    "sm_100": (("--mask", "document", "--mask", "causal"), ("--mask", "document", "--heads", "16:4")),
+    "sm_90": (("--mask", "causal", "--no-backward"),),
+}
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
 def test_default_kernel_sets_cross_compile_publish_and_load(tmp_path: Path, arch: str) -> None:
-    # Forward + backward: a document mask, plain causal, and a GQA document mask.
+    # sm_100: forward + backward of a document mask, plain causal, and a GQA document mask.
     cache = tmp_path / "store"
-    first = _warm(cache, arch, "--mask", "document", "--mask", "causal")
-    gqa = _warm(cache, arch, "--mask", "document", "--heads", "16:4")
-    assert first["compiled"] >= 4 and gqa["compiled"] >= 2, (first, gqa)
-    print(f"{arch}: {first['compiled'] + gqa['compiled']} kernels compiled\n{first['out']}{gqa['out']}")
+    first = [_warm(cache, arch, *args) for args in SETS[arch]]
+    compiled = [w["compiled"] for w in first]
+    if arch == "sm_100":
+        assert compiled[0] >= 4 and compiled[1] >= 2, compiled
+    else:
+        assert compiled == [1], compiled
+    print(f"{arch}: {sum(compiled)} kernels compiled\n" + "".join(w["out"] for w in first))
     objs = list(cache.glob("v2/*/*/*.o"))
-    assert len(objs) == first["compiled"] + gqa["compiled"]
+    assert len(objs) == sum(compiled)
     (tc_dir,) = {p.parent.parent for p in objs}
     desc = json.loads((tc_dir / "toolchain.json").read_text())
     assert desc["arch"] == int(arch[3:]) and desc["num_sms"] == {"sm_90": 132, "sm_100": 148}[arch]
     # A second process compiles nothing: everything loads from the store.
-    again = _warm(cache, arch, "--mask", "document", "--mask", "causal")
-    again_gqa = _warm(cache, arch, "--mask", "document", "--heads", "16:4")
-    assert again["compiled"] == 0 and again_gqa["compiled"] == 0
+    assert [_warm(cache, arch, *args)["compiled"] for args in SETS[arch]] == [0] * len(SETS[arch])
 
 
 @pytest.mark.compile
