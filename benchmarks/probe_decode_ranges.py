@@ -65,10 +65,26 @@ def register_rungs(timers: dict[str, list[float]]) -> list[str]:
     return ["ranges", "nocheck", "assertonly", "onekernel"]
 
 
+def build(cfg: Any, impls: list[str], device: str) -> dict[str, Any]:
+    """One model per implementation, the same weights (seed 0; the config copied: transformers
+    writes ``attn_implementation`` into the object it is given)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    models = {}
+    for impl in impls:
+        torch.manual_seed(0)
+        with torch.device(device):
+            models[impl] = AutoModelForCausalLM.from_config(
+                copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
+            ).eval()
+    return models
+
+
 def eager(a: Any, out: list[dict[str, Any]]) -> None:
     import torch
     from bench_generation import timed_attention
-    from transformers import AutoModelForCausalLM, LogitsProcessorList
+    from transformers import LogitsProcessorList
 
     timers: dict[str, list[float]] = {}
     impls = [i for i in [NULL, *register_rungs(timers), "fa4cache", "sdpa"] if i not in a.skip]
@@ -76,13 +92,7 @@ def eager(a: Any, out: list[dict[str, Any]]) -> None:
         shape, b, prompt = job.split(":")
         B, P = int(b), int(prompt)
         cfg = config(shape, 4)
-        models = {}
-        for impl in impls:
-            torch.manual_seed(0)
-            with torch.device(a.device):
-                models[impl] = AutoModelForCausalLM.from_config(
-                    copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
-                ).eval()
+        models = build(cfg, impls, a.device)
         ids, mask = prompts(B, P, cfg.vocab_size, 1, a.device)
 
         def run(impl: str) -> float:
@@ -152,7 +162,6 @@ def compiled_bound(a: Any, out: list[dict[str, Any]]) -> None:
     """Static cache under transformers' compile: null attention (the bound) vs fa4cache vs sdpa."""
     import torch
     from bench_generation import graph_replays, run_once
-    from transformers import AutoModelForCausalLM
 
     # Three models compiled in one process: room for each one's graphs (dynamo's default
     # limit of 8 per code object could send a later model back to eager).
@@ -163,13 +172,7 @@ def compiled_bound(a: Any, out: list[dict[str, Any]]) -> None:
         cfg = config(shape, 4)
         ids, mask = prompts(B, P, cfg.vocab_size, 1, a.device)
         impls = [i for i in ("sdpa", "fa4cache", NULL) if i not in a.skip]
-        models = {}
-        for impl in impls:
-            torch.manual_seed(0)
-            with torch.device(a.device):
-                models[impl] = AutoModelForCausalLM.from_config(
-                    copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
-                ).eval()
+        models = build(cfg, impls, a.device)
         t: dict[str, list[float]] = {i: [] for i in impls}
         replays: dict[str, int] = {}
         try:
