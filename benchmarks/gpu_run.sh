@@ -18,6 +18,7 @@
 #   PART=profile  where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS)
 #   PART=ladder   an eager decode step part by part (benchmarks/profile_decode_ladder.py; LADDER_ARGS)
 #   PART=ranges   the eager step's key ranges in situ, the static compiled path's null bound (probe_decode_ranges.py)
+#   PART=onerow  eager batch-1 generate by phase, the one-row path on and off (probe_one_row.py; ONEROW_ARGS)
 #   PART=split    split decoding's attention in CUDA graphs against unsplit and sdpa (bench_decode_split.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
@@ -117,6 +118,10 @@ fi
 if has ranges; then
   # shellcheck disable=SC2086
   timeout ${RANGES_TIMEOUT:-420} python3 benchmarks/probe_decode_ranges.py ${RANGES_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
+fi
+if has onerow; then
+  # shellcheck disable=SC2086
+  timeout ${ONEROW_TIMEOUT:-420} python3 benchmarks/probe_one_row.py ${ONEROW_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
 fi
 if has split; then
   timeout ${SPLIT_TIMEOUT:-240} python3 benchmarks/bench_decode_split.py 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"

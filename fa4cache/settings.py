@@ -210,6 +210,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_DECODE_SPLIT", parse_flag, True, "`0`: a compiled decode step (torch.compile, "
             "CUDA graphs) calls FA4 once over each sequence's whole cache (by default a long cache at "
             "small batch is split in chunks over more SMs and combined: fa4cache.ops.decode_split)"),
+    Setting("FA4CACHE_ONE_ROW_SDPA", parse_flag, True, "`0`: an eager decode step of one sequence with "
+            "no padding runs on FA4 too (by default it runs on PyTorch's SDPA kernel, as transformers' "
+            "sdpa does: at one row FA4's launch from Python costs more host time than its kernel saves; "
+            "fa4cache.ops.one_row_decode)"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SETTINGS}
 ENV_DIR = BY_NAME["FA4CACHE_DIR"].name

@@ -35,7 +35,9 @@ What it does, per forward step (the mask is built once and shared by every layer
 Host syncs: none with ``cu_seq_lens`` or a 2-D padding mask, or with ``position_ids`` when
 ``register(max_documents=N)`` bounds the documents per step (what CUDA-graph capture needs);
 otherwise the documents of a step are counted once (one sync per step, not per layer).
-transformers itself checks ``position_ids`` for packing once per forward in eager mode.
+An eager decode step of one row reads its mask once, as sdpa does: without padding it runs
+on sdpa's kernel (:mod:`fa4cache.ops.one_row_decode`). transformers itself checks
+``position_ids`` for packing once per forward in eager mode.
 
 ``register()`` also makes transformers' own ``"flash_attention_4"`` path take packed
 batches: transformers passes the longest document as a 0-d tensor, which FA4's forward

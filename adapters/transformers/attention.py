@@ -8,7 +8,7 @@ from typing import Any
 
 import fa4cache
 from fa4cache.errors import quiet_library_warnings
-from fa4cache.ops import packed_attention, step_mask
+from fa4cache.ops import one_row_decode, packed_attention, step_mask
 
 from . import generation
 from .common import compiling, first_kwarg, host_int, per_layer_type, warn_once
@@ -84,8 +84,21 @@ def _decode_step(
             return None
     if generation.kv_cache_fallback(query, attention_mask, kwargs, dropout) is not None:
         return None
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     compiled = compiling()
+    if (
+        not compiled
+        and query.shape[0] == 1
+        and query.shape[2] == 1
+        and sliding_window is None
+        and not softcap
+        and attention_mask is not None
+        and attention_mask.shape[1] == key.shape[2]
+        and one_row_decode.all_ones(attention_mask)
+    ):
+        # One row, no padding, eager: SDPA's kernel (the mask hook read the mask).
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return one_row_decode.forward(query, key, value, scale)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     return generation.kv_cache_attention(
         query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
         generation.first_of_its_kind(module, compiled), compiled,

@@ -109,14 +109,15 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
 @pytest.fixture
 def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The adapter registered; counts the KV-cache op's Python launches of FA4 (replayed or
-    planned; a CUDA-graph replay makes none)."""
+    planned; a CUDA-graph replay makes none), and apart from them the one-row steps run on
+    SDPA's kernel (:mod:`fa4cache.ops.one_row_decode`)."""
     from fa4cache.adapters import transformers as fht
 
-    from fa4cache.ops import kv_cache
+    from fa4cache.ops import kv_cache, one_row_decode
 
     fht.register()
     fht._warned.clear()
-    calls = {"n": 0}
+    calls = {"n": 0, "one_row": 0}
     inside = [0]
     real_launch, real_fa4, real_lane = kv_cache._launch, kv_cache._fa4_forward, kv_cache._Lane.launch
 
@@ -136,16 +137,25 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
         calls["n"] += inside[0] == 0
         return real_fa4(*a, **kw)
 
+    real_one_row = one_row_decode.forward
+
+    def one_row(*a: Any) -> Any:  # a one-row step on SDPA's kernel (counted apart)
+        calls["one_row"] += 1
+        return real_one_row(*a)
+
     monkeypatch.setattr(kv_cache, "_launch", launch)
     monkeypatch.setattr(kv_cache, "_fa4_forward", fa4)
     monkeypatch.setattr(kv_cache._Lane, "launch", lane)
+    monkeypatch.setattr(one_row_decode, "forward", one_row)
     return calls
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("name", list(_configs()))
-def test_teacher_forced_decode_logits(seen: Any, caplog: Any, name: str, batch: int, kind: str) -> None:
+def test_teacher_forced_decode_logits(
+    seen: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch, name: str, batch: int, kind: str
+) -> None:
     import torch
 
     seed = SEED + 17 * batch + len(name) + (kind == "static")
@@ -159,16 +169,26 @@ def test_teacher_forced_decode_logits(seen: Any, caplog: Any, name: str, batch: 
     ids, mask = _left_padded(rng, batch, rng.randint(60, 90), cfg.vocab_size)  # prompts past the window
     follow = torch.randint(0, cfg.vocab_size, (batch, 24), device="cuda")
     with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
-        got = _teacher_forced(ours, ids, mask, follow, kind)
+        runs = [_teacher_forced(ours, ids, mask, follow, kind)]
+        one_row = seen["one_row"]
+        if batch == 1 and kind == "dynamic":
+            # One row without padding: full layers run SDPA's kernel by default; FA4's own too.
+            monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+            runs.append(_teacher_forced(ours, ids, mask, follow, kind))
     base = _teacher_forced(bf16, ids, mask, follow, kind)
     want = _teacher_forced(exact, ids, mask, follow, kind)
     valid = mask.bool()
-    for t, (a, b, w) in enumerate(zip(got, base, want)):
-        a, b, w = (x[valid] if t == 0 else x for x in (a, b, w))
-        err, ref_err = _rel(a, w), _rel(b, w)
-        assert err <= 2 * ref_err + 2e-3, (t, err, ref_err)
+    for got in runs:
+        for t, (a, b, w) in enumerate(zip(got, base, want)):
+            a, b, w = (x[valid] if t == 0 else x for x in (a, b, w))
+            err, ref_err = _rel(a, w), _rel(b, w)
+            assert err <= 2 * ref_err + 2e-3, (t, err, ref_err)
     assert not [r for r in caplog.records if "runs through PyTorch" in r.getMessage()]
-    assert seen["n"] >= cfg.num_hidden_layers * follow.shape[1]
+    steps = cfg.num_hidden_layers * follow.shape[1]
+    full_only = batch == 1 and kind == "dynamic" and name in ("llama-gqa", "qwen3")
+    assert one_row == (steps if full_only else 0), (one_row, seen)
+    assert seen["one_row"] == one_row  # none with the setting off
+    assert seen["n"] + one_row >= steps * len(runs), seen
 
 
 def _patterned_state(cfg: Any) -> Any:

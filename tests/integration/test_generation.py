@@ -686,6 +686,115 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
         model(input_ids=follow[:, :1], attention_mask=mask, **{CACHE: cache})
 
 
+@pytest.fixture
+def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The one-row SDPA path where the tests run (FA4's device is the CPU here: its stand-in
+    runs on it); counts that path's calls and the masks its hook found all ones."""
+    from fa4cache.ops import one_row_decode
+
+    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda", "cpu"))
+    seen = {"calls": 0, "checked": 0}
+    real_forward, real_check = one_row_decode.forward, one_row_decode.check
+
+    def forward(*a: Any) -> Any:
+        seen["calls"] += 1
+        return real_forward(*a)
+
+    def check(mask: Any) -> bool:
+        ok = real_check(mask)
+        seen["checked"] += ok
+        return ok
+
+    monkeypatch.setattr(one_row_decode, "forward", forward)
+    monkeypatch.setattr(one_row_decode, "check", check)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(_configs()))
+def test_one_row_decode_without_padding_runs_on_sdpa_in_its_full_layers(
+    fa4: Any, one_row: dict[str, int], name: str
+) -> None:
+    # Batch 1, no padding, a dynamic cache: each step's mask is read once (one host sync, as
+    # transformers' sdpa does), and its full layers run SDPA's kernel; sliding and softcapped
+    # layers stay on FA4. Logits as sdpa's on the same weights.
+    seed = SEED + zlib.crc32(name.encode()) % 1000
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    cfg = _configs()[name]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, _reference(cfg))
+    ids, mask = _left_padded(rng, 1, rng.randint(7, 12), cfg.vocab_size)
+    steps = 6
+    follow = torch.randint(0, cfg.vocab_size, (1, steps), generator=torch.Generator().manual_seed(seed))
+    got = _teacher_forced(m, ids, mask, follow, "dynamic")
+    want = _teacher_forced(ref, ids, mask, follow, "dynamic")
+    for t, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda s, t=t: f"step {t}: {s}")
+    on_fa4 = len([kw for kw in fa4 if kw["max_seqlen_q"] == 1])
+    layers = cfg.num_hidden_layers
+    assert one_row["calls"] + on_fa4 == layers * steps, (one_row, on_fa4)
+    if name in ("llama-gqa", "qwen3"):  # full layers only
+        assert (one_row["calls"], on_fa4, one_row["checked"]) == (layers * steps, 0, steps)
+    elif name == "mistral-sliding":  # sliding layers only: no mask is read
+        assert (one_row["calls"], one_row["checked"]) == (0, 0)
+    else:  # gemma2: softcapping everywhere
+        assert one_row["calls"] == 0
+
+
+def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_setting_off(
+    fa4: Any, one_row: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _configs()["llama-gqa"]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    rng = random.Random(SEED + 5)
+    print(f"seed {SEED + 5}")
+    steps = 4
+
+    def run(ids: Any, mask: Any, kind: str = "dynamic") -> None:
+        follow = torch.randint(0, cfg.vocab_size, (ids.shape[0], steps), generator=torch.Generator().manual_seed(1))
+        fa4.clear()
+        got = _teacher_forced(m, ids, mask, follow, kind)
+        want = _teacher_forced(ref, ids, mask, follow, kind)
+        for t, (a, b) in enumerate(zip(got[1:], want[1:])):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda s, t=t: f"step {t}: {s}")
+        assert one_row["calls"] == 0, one_row
+        assert len([kw for kw in fa4 if kw["max_seqlen_q"] == 1]) == cfg.num_hidden_layers * steps
+
+    ids, mask = _left_padded(rng, 1, 10, cfg.vocab_size)
+    padded = mask.clone()
+    padded[0, :3] = 0
+    run(ids, padded)  # left padding in the one row
+    run(*_left_padded(rng, 2, 10, cfg.vocab_size))  # two rows, the second padded
+    run(torch.cat([ids, ids]), torch.ones(2, 10, dtype=torch.long))  # two rows, no padding
+    run(ids, mask, "static")  # a static cache's mask is padded to its buffer
+    with torch.inference_mode():
+        run(ids, mask)  # inference tensors: no version to check the mask by
+    monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+    run(ids, mask)
+    assert one_row["checked"] == 0
+
+
+def test_a_mask_read_as_all_ones_is_not_trusted_after_a_change() -> None:
+    # The hook's answer is kept for the mask object as it was: a write to it in place
+    # (its version moves), a new mask at the same address, or a mask of two rows is read anew.
+    from fa4cache.ops import one_row_decode
+
+    one_row_decode.DEVICE_TYPES, before = ("cpu",), one_row_decode.DEVICE_TYPES
+    try:
+        mask = torch.ones(1, 9, dtype=torch.long)
+        assert one_row_decode.check(mask) and one_row_decode.all_ones(mask)
+        mask[0, 0] = 0
+        assert not one_row_decode.all_ones(mask)
+        assert not one_row_decode.check(mask) and not one_row_decode.all_ones(mask)
+        other = torch.ones(1, 9, dtype=torch.long)
+        assert not one_row_decode.all_ones(other)  # never checked
+        two = torch.ones(2, 9, dtype=torch.bool)
+        assert not one_row_decode.check(two) and not one_row_decode.all_ones(two)
+        assert one_row_decode.check(torch.ones(1, 3, dtype=torch.bool))
+    finally:
+        one_row_decode.DEVICE_TYPES = before
+    assert not one_row_decode.check(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
+
+
 def test_paged_decode_with_a_block_table_writes_the_new_keys_and_runs_on_fa4(fa4: Any) -> None:
     # transformers 5.2x's paged decode (as for flash_attn_with_kvcache): the cache has not
     # stored the step's token; block_table, k_cache/v_cache [pages, page, Hkv, D] and
