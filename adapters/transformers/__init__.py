@@ -26,11 +26,12 @@ What it does, per forward step (the mask is built once and shared by every layer
   the cache as it lies (:mod:`fa4cache.ops.kv_cache`), with sliding windows and softcapping, no host
   sync and one kernel per layer kind whatever the batch size or cache length.
 * Attention dropout, 4-D masks without document boundaries, KV-cache steps with neither
-  a 2-D mask nor ``position_ids``, and gradients through a KV-cache step run through
+  a 2-D mask nor ``position_ids``, gradients through a KV-cache step, attention sinks
+  (gpt-oss's ``s_aux``) and a position bias (T5's ``position_bias``) run through
   PyTorch with one warning naming the reason; they never crash. In training and
   prefill that fallback applies the step's own document mask, so packed documents stay
-  apart there too; softcapping and dropout are applied as transformers' eager attention
-  does.
+  apart there too; softcapping, dropout, sinks and the bias are applied as transformers'
+  eager attention does (continuous batching with sinks or a bias is refused by name).
 
 Host syncs: none with ``cu_seq_lens`` or a 2-D padding mask, or with ``position_ids`` when
 ``register(max_documents=N)`` bounds the documents per step (what CUDA-graph capture needs);

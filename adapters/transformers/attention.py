@@ -17,6 +17,10 @@ from .fallback import fallback
 # Keyword arguments after which a step with fewer queries than keys is plain decoding over
 # a dynamic or static cache (the fast path below): none of the packed, paged or user-mask ones.
 _NOT_PLAIN = ("fa4cache_mask", "cu_seq_lens_q", "cu_seqlens_q", "block_table", "read_index", "cache")
+# What a model may pass that FA4's calls here do not apply (the step runs through PyTorch,
+# which applies it), by keyword: gpt-oss's attention sinks, T5's relative position bias.
+_EXTRAS = {"s_aux": "attention sinks (s_aux)", "sinks": "attention sinks", "position_bias": "a position bias"}
+_NOT_PLAIN += tuple(_EXTRAS)
 
 
 def attention_forward(
@@ -92,10 +96,11 @@ def _decode_step(
         and sliding_window is None
         and not softcap
         and attention_mask is not None
-        and attention_mask.shape[1] == key.shape[2]
+        and attention_mask.shape[-1] == key.shape[2]
+        and one_row_decode.takes(query, key, value)
         and one_row_decode.all_ones(attention_mask)
     ):
-        # One row, no padding, eager: SDPA's kernel (the mask hook read the mask).
+        # One row, no padding, eager: SDPA's kernel (the mask read back once per step).
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return one_row_decode.forward(query, key, value, scale)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -125,12 +130,15 @@ def _attention_forward(
         return out, None
     compiled = compiling()
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    extra = next((why for name, why in _EXTRAS.items() if kwargs.get(name) is not None), None)
     user_mask = kwargs.get("fa4cache_mask")
     if user_mask is not None:
         # Between compiled graphs (a mask object cannot be an op input; fa4cache.attention
         # is compiler-disabled).
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         return fa4cache.attention(q, k, v, user_mask, softmax_scale=scaling), None
+    if extra is not None and kwargs.get("block_table") is not None:
+        _refuse_batching(extra)
     if all(kwargs.get(n) is not None for n in ("block_table", "k_cache", "v_cache")):
         # transformers 5.2x's paged decode: the kernel call writes the new keys.
         out = generation.block_table_attention(query, key, value, kwargs, causal, sliding_window, scaling, softcap)
@@ -148,6 +156,8 @@ def _attention_forward(
     paged = generation.paged_cache_update(module, key, value, kwargs)
     if paged is not None:
         key, value = paged
+    if extra is not None and (paged is not None or (cu is not None and query.shape[2] != key.shape[2])):
+        _refuse_batching(extra)
     # Continuous batching: the step's new tokens against each sequence's whole keys.
     cb = cu is not None and cu_k is not None and cu_k is not cu
     if cb and (paged is not None or query.shape[2] != key.shape[2]) and attention_mask is None and not dropout:
@@ -157,8 +167,10 @@ def _attention_forward(
         return out, None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     window = sliding_window - 1 if sliding_window is not None and sliding_window < q.shape[1] else None
-    why = None
-    if q.shape[1] != k.shape[1]:
+    why = extra
+    if why is not None:
+        pass
+    elif q.shape[1] != k.shape[1]:
         why = generation.kv_cache_fallback(query, attention_mask, kwargs, dropout)
         if why is None:
             return generation.kv_cache_attention(
@@ -191,9 +203,11 @@ def _attention_forward(
                 batch=q.shape[0], seqlen=q.shape[1], causal=causal, window=window,
                 **{kind: source},  # the kinds are step_mask's argument names
             ).dense()[:, None]  # fmt: skip
+        sinks = first_kwarg(kwargs, "s_aux", "sinks")
         return fallback(
-            q, k, v, attention_mask, scaling, sliding_window, causal, softcap, dropout, allowed
-        ), None
+            q, k, v, attention_mask, scaling, sliding_window, causal, softcap, dropout, allowed,
+            sinks=sinks, bias=kwargs.get("position_bias"),
+        ), None  # fmt: skip
     # Under torch.compile a host int here would be a guard that recompiles per packing:
     # it is not read at all then (FA4 bounds by the total, without a sync).
     max_seqlen = None
@@ -204,3 +218,11 @@ def _attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+def _refuse_batching(extra: str) -> None:
+    raise ValueError(
+        f"fa4cache attention: this model passes {extra}, which FA4's kernels here do not apply, and "
+        "fa4cache's PyTorch path for it does not run continuous batching; load the model with "
+        "attn_implementation='eager' for generate_batch"
+    )

@@ -16,11 +16,15 @@ def fallback(
     softcap: float | None,
     dropout: float,
     allowed: Any = None,
+    sinks: Any = None,
+    bias: Any = None,
 ) -> Any:
     """What the FA4 path does not cover, in PyTorch: ``allowed`` (``[B, 1, Tq, Tk]``
     booleans: the step's document mask) where given, else a mask from ``attention_mask``
     or causal (bottom-right for a cache) with the window. SDPA where it computes the same;
-    softcapping and attention dropout are applied by hand, as transformers' eager path does."""
+    softcapping, attention dropout, attention sinks (``sinks``, one logit per query head:
+    gpt-oss's ``s_aux``) and an additive ``bias`` (T5's ``position_bias``, broadcast to
+    ``[B, Hq, Tq, Tk]``) are applied by hand, as transformers' eager paths do."""
     import torch
 
     B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
@@ -37,7 +41,7 @@ def fallback(
             allowed = allowed & attention_mask[:, -Tk:].bool().view(B, 1, 1, Tk)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    if not softcap and not dropout:
+    if not softcap and not dropout and sinks is None and bias is None:
         out = torch.nn.functional.scaled_dot_product_attention(
             qt, kt, vt, attn_mask=allowed, scale=scale, enable_gqa=q.shape[2] != k.shape[2]
         )
@@ -47,8 +51,15 @@ def fallback(
     scores = torch.matmul(qt, kt.transpose(2, 3)) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        # The sink is one more logit per query head, in the softmax and then dropped.
+        sink = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(B, -1, Tq, 1)
+        probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if dropout:
         probs = torch.nn.functional.dropout(probs, p=dropout)
     return torch.matmul(probs, vt).transpose(1, 2)

@@ -21,18 +21,20 @@ def padding_mask(
     4-D mask. A static cache's keys outnumber the tokens so far: its mask is padded with
     False to the buffer's length, so that the mask of every decode step has one shape (what a
     compiled or graphed decode step needs; :mod:`fa4cache.ops.kv_cache` reads the tokens'
-    slots from it). A one-row eager decode step's mask is read back once, as transformers'
-    sdpa reads it (:func:`fa4cache.ops.one_row_decode.check`)."""
-    if attention_mask is None or attention_mask.dim() != 2:
+    slots from it). A one-row eager decode step given no mask (transformers 5.2x's
+    ``generate`` drops an all-ones mask) gets a mask of ones where the cache's sizes show its
+    keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`)."""
+    if attention_mask is None:
+        if kwargs.get("local_size") is None:  # full layers only: a sliding cache's keys start later
+            return one_row_decode.mask_for_all_tokens(
+                batch_size, q_length, kv_length, q_offset, kv_offset, kwargs.get("device")
+            )
+        return None
+    if attention_mask.dim() != 2:
         return attention_mask
     if kv_length > attention_mask.shape[1]:
         import torch
 
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
         return torch.cat((attention_mask, tail), 1)
-    mask = attention_mask[:, -kv_length:]
-    if batch_size == 1 and q_length == 1 and kwargs.get("local_size") is None:
-        # A one-row decode step over a dynamic cache's full layers: one host sync reads whether
-        # it has padding, as transformers' sdpa mask does; none runs on SDPA's kernel.
-        one_row_decode.check(mask)
-    return mask
+    return attention_mask[:, -kv_length:]

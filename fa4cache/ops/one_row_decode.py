@@ -6,11 +6,19 @@ time per layer than torch's C++ dispatch of its own flash kernel. Measured on th
 inside ``generate`` (``benchmarks/results/probe_decode_ranges_h200.md``): 312 µs for the
 first layer and 79 µs for each later one, against sdpa's 79 and 47.
 
-So such a step runs as transformers' sdpa runs it: the same kernel and the same one host
-sync per step, in the mask hook, to learn that the mask holds no padding (:func:`check`).
+So such a step runs as transformers' sdpa runs it, with the same kernel and the same host
+syncs:
+
+* a step with a mask: the first layer that can take this path reads the mask back once
+  (:func:`all_ones`, one host sync, as sdpa's mask check makes), and the later layers of
+  the step reuse the answer;
+* a step without a mask (transformers 5.2x's ``generate`` drops an all-ones mask): the
+  mask hook knows from the cache's sizes alone that the keys are exactly the tokens so far
+  (:func:`mask_for_all_tokens`), and hands the layers a mask of ones, known without a sync.
+
 Every other step stays on FA4: larger batches, padding, sliding windows, softcapping,
-static caches, and steps that torch.compile traces or a CUDA graph captures.
-``FA4CACHE_ONE_ROW_SDPA=0`` keeps these steps on FA4 too.
+static caches, head dims past 256, and steps that torch.compile traces or a CUDA graph
+captures. ``FA4CACHE_ONE_ROW_SDPA=0`` keeps these steps on FA4 too.
 """
 
 from __future__ import annotations
@@ -21,44 +29,81 @@ from typing import Any
 # Where FA4 runs (the CPU tests add "cpu": FA4 is a stand-in there, and SDPA is real).
 DEVICE_TYPES = ("cuda",)
 
-# Masks that check() read as all ones: id -> (a weak reference to the mask, its version then).
+# SDPA's grouped-query form (enable_gqa) reaches its fused kernels up to this head dim;
+# past it transformers' sdpa itself takes another form.
+MAX_HEAD_DIM = 256
+
+# What is known of a mask: id -> (a weak reference to the mask, its version then, all ones).
 # A mask is a fresh view per forward (the hook slices it), which every layer of that forward gets.
-_all_ones: dict[int, tuple[Any, int]] = {}
+_known: dict[int, tuple[Any, int, bool]] = {}
 
 
 def applies(mask: Any) -> bool:
-    """Whether a mask's step may run here: a real tensor (a fake one is a trace) on FA4's
-    device, in eager code, outside CUDA-graph capture, not an inference tensor (it has no
-    version to check), with the setting on."""
+    """Whether a mask's step may run here: in eager code (asked first: nothing else is
+    traced), a real tensor on FA4's device (a fake one is a trace), outside CUDA-graph
+    capture, not an inference tensor (it has no version to check), with the setting on."""
     import torch
 
     from fa4cache.settings import setting
 
+    if torch.compiler.is_compiling():
+        return False
     if type(mask) is not torch.Tensor or mask.device.type not in DEVICE_TYPES or mask.is_inference():
         return False
-    if torch.compiler.is_compiling() or (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
     return bool(setting("FA4CACHE_ONE_ROW_SDPA"))
 
 
-def check(mask: Any) -> bool:
-    """Read (one host sync) whether a one-row step's 2-D ``mask`` is all ones, and keep the
-    answer for :func:`all_ones` while the mask lives unchanged. False where it does not apply."""
-    if mask.shape[0] != 1 or not applies(mask):
-        return False
-    if not bool(mask.all()):
-        return False
-    if len(_all_ones) >= 64:  # masks of finished steps whose ids were not reused
-        _all_ones.clear()
-    _all_ones[id(mask)] = (weakref.ref(mask), mask._version)
-    return True
+def _keep(mask: Any, ones: bool) -> bool:
+    if len(_known) >= 64:  # masks of finished steps whose ids were not reused
+        _known.clear()
+    _known[id(mask)] = (weakref.ref(mask), mask._version, ones)
+    return ones
 
 
 def all_ones(mask: Any) -> bool:
-    """Whether :func:`check` found ``mask`` all ones and it has not changed since (in eager
-    code only: the lookup is by the object's id)."""
-    hit = _all_ones.get(id(mask))
-    return hit is not None and hit[0]() is mask and hit[1] == mask._version
+    """Whether a one-row step's 2-D ``mask`` is all ones: the answer kept for this mask
+    object while it lives unchanged (its version), else read from the device (one host
+    sync) and kept, True or False. False where this path does not apply. Eager code only:
+    the answer is found by the object's id."""
+    hit = _known.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+        return hit[2]
+    if mask.dim() != 2 or mask.shape[0] != 1 or not applies(mask):
+        return False
+    return _keep(mask, bool(mask.all()))
+
+
+def mask_for_all_tokens(
+    batch: int, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any, device: Any
+) -> Any:
+    """A mask of ones for a one-row decode step given no mask (None where not): when the
+    cache's sizes say its keys are exactly the tokens so far (a dynamic cache: an int query
+    offset, the keys from slot 0, as many as the tokens before the step and in it), every
+    key is a token, and this path may run without reading anything back. A static cache's
+    offset is a tensor, a sliding cache's keys start later: neither is made one."""
+    import torch
+
+    if batch != 1 or q_length != 1 or device is None or isinstance(q_offset, bool):
+        return None
+    if torch.compiler.is_compiling():  # traced: nothing made (applies() would refuse it anyway)
+        return None
+    if not isinstance(q_offset, int) or q_offset < 1 or kv_offset != 0 or kv_length != q_offset + q_length:
+        return None
+    if torch.device(device).type not in DEVICE_TYPES:
+        return None
+    mask = torch.ones(1, kv_length, dtype=torch.bool, device=device)
+    if not applies(mask):
+        return None
+    _keep(mask, True)
+    return mask
+
+
+def takes(query: Any, key: Any, value: Any) -> bool:
+    """Whether SDPA's grouped-query call serves these shapes as transformers' sdpa would
+    (equal query and value head dims up to :data:`MAX_HEAD_DIM`)."""
+    return query.shape[-1] == value.shape[-1] <= MAX_HEAD_DIM and key.shape[-1] == query.shape[-1]
 
 
 def forward(query: Any, key: Any, value: Any, scale: float) -> Any:

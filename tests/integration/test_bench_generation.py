@@ -51,7 +51,7 @@ def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does
         return secs, tokens
 
     monkeypatch.setattr(bench, "run_once", spy)
-    argv = [*TINY, "--new", "5", "--budget", "600", "--jobs", "generate:x:2:12", "generate:x:3:8"]
+    argv = [*TINY, "--new", "5", "--budget", "600", "--profile-new", "4", "--jobs", "generate:x:2:12", "generate:x:3:8"]
     data = bench.main(argv)
     assert [(r["path"], r["batch"], r["prompt"]) for r in data["rows"]] == [
         ("generate", 2, 12),

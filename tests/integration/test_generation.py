@@ -689,24 +689,30 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
 @pytest.fixture
 def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """The one-row SDPA path where the tests run (FA4's device is the CPU here: its stand-in
-    runs on it); counts that path's calls and the masks its hook found all ones."""
+    runs on it); counts that path's calls and the masks read back from the device."""
     from fa4cache.ops import one_row_decode
 
     monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda", "cpu"))
-    seen = {"calls": 0, "checked": 0}
-    real_forward, real_check = one_row_decode.forward, one_row_decode.check
+    seen = {"calls": 0, "reads": 0, "made": 0}
+    real_forward, real_keep, real_made = one_row_decode.forward, one_row_decode._keep, one_row_decode.mask_for_all_tokens
 
     def forward(*a: Any) -> Any:
         seen["calls"] += 1
         return real_forward(*a)
 
-    def check(mask: Any) -> bool:
-        ok = real_check(mask)
-        seen["checked"] += ok
-        return ok
+    def keep(mask: Any, ones: bool) -> bool:  # an answer kept: read from the device, or made
+        seen["reads"] += 1
+        return real_keep(mask, ones)
+
+    def made(*a: Any) -> Any:
+        mask = real_made(*a)
+        seen["made"] += mask is not None
+        seen["reads"] -= mask is not None
+        return mask
 
     monkeypatch.setattr(one_row_decode, "forward", forward)
-    monkeypatch.setattr(one_row_decode, "check", check)
+    monkeypatch.setattr(one_row_decode, "_keep", keep)
+    monkeypatch.setattr(one_row_decode, "mask_for_all_tokens", made)
     return seen
 
 
@@ -715,8 +721,9 @@ def test_one_row_decode_without_padding_runs_on_sdpa_in_its_full_layers(
     fa4: Any, one_row: dict[str, int], name: str
 ) -> None:
     # Batch 1, no padding, a dynamic cache: each step's mask is read once (one host sync, as
-    # transformers' sdpa does), and its full layers run SDPA's kernel; sliding and softcapped
-    # layers stay on FA4. Logits as sdpa's on the same weights.
+    # transformers' sdpa does), in the first layer that can use it, and its full layers run
+    # SDPA's kernel; sliding and softcapped layers stay on FA4 and read nothing. Logits as
+    # sdpa's on the same weights.
     seed = SEED + zlib.crc32(name.encode()) % 1000
     print(f"seed {seed}")
     rng = random.Random(seed)
@@ -733,11 +740,30 @@ def test_one_row_decode_without_padding_runs_on_sdpa_in_its_full_layers(
     layers = cfg.num_hidden_layers
     assert one_row["calls"] + on_fa4 == layers * steps, (one_row, on_fa4)
     if name in ("llama-gqa", "qwen3"):  # full layers only
-        assert (one_row["calls"], on_fa4, one_row["checked"]) == (layers * steps, 0, steps)
-    elif name == "mistral-sliding":  # sliding layers only: no mask is read
-        assert (one_row["calls"], one_row["checked"]) == (0, 0)
-    else:  # gemma2: softcapping everywhere
-        assert one_row["calls"] == 0
+        assert (one_row["calls"], on_fa4, one_row["reads"]) == (layers * steps, 0, steps)
+    else:  # Mistral: sliding layers only; Gemma 2: softcapping everywhere
+        assert (one_row["calls"], one_row["reads"]) == (0, 0)
+
+
+def test_one_row_generate_runs_on_sdpa_whether_transformers_keeps_the_mask_or_drops_it(
+    fa4: Any, one_row: dict[str, int]
+) -> None:
+    # transformers 5.2x's generate drops an all-ones mask (the hook then gets None and makes
+    # the step a mask of ones from the cache's sizes: no read); 5.17 keeps it (one read a step).
+    cfg = _configs()["llama-gqa"]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "sdpa")
+    ids = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(SEED))
+    kw = {"attention_mask": torch.ones_like(ids), "max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False,
+          "output_logits": True, "return_dict_in_generate": True, "pad_token_id": 0}  # fmt: skip
+    with torch.no_grad():
+        got, want = m.generate(ids, **kw), ref.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    for t, (a, b) in enumerate(zip(got.logits, want.logits)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5, msg=lambda s, t=t: f"step {t}: {s}")
+    steps = 5  # after the prefill
+    assert one_row["calls"] == cfg.num_hidden_layers * steps, one_row
+    assert (one_row["reads"], one_row["made"]) in ((0, steps), (steps, 0)), one_row
+    assert not [kw for kw in fa4 if kw["max_seqlen_q"] == 1]
 
 
 def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_setting_off(
@@ -770,29 +796,136 @@ def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_
         run(ids, mask)  # inference tensors: no version to check the mask by
     monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
     run(ids, mask)
-    assert one_row["checked"] == 0
 
 
-def test_a_mask_read_as_all_ones_is_not_trusted_after_a_change() -> None:
-    # The hook's answer is kept for the mask object as it was: a write to it in place
-    # (its version moves), a new mask at the same address, or a mask of two rows is read anew.
+def test_a_one_row_decode_step_compiles_into_one_graph(fa4: Any, one_row: dict[str, int]) -> None:
+    # torch.compile of a decode step with the path enabled on the step's device: nothing of
+    # it is traced (no graph break; fullgraph compiles), and the compiled step runs FA4's op.
+    from transformers import DynamicCache
+
+    cfg = _configs()["llama-gqa"]
+    m = _model(cfg, "fa4cache")
+    ids = torch.randint(0, cfg.vocab_size, (1, 10), generator=torch.Generator().manual_seed(SEED))
+    torch._dynamo.reset()
+    run = torch.compile(m, fullgraph=True, backend="eager")
+    cache = DynamicCache(config=cfg)
+    mask = torch.ones(1, 10, dtype=torch.long)
+    with torch.no_grad():
+        m(input_ids=ids, attention_mask=mask, **{CACHE: cache})
+        mask = torch.cat([mask, mask[:, :1]], 1)
+        out = run(input_ids=ids[:, :1], attention_mask=mask, position_ids=torch.tensor([[10]]), **{CACHE: cache})
+        # No mask (as transformers 5.2x's generate passes an all-ones one): the hook is traced too.
+        run(input_ids=ids[:, 1:2], position_ids=torch.tensor([[11]]), **{CACHE: cache})
+    assert out.logits.shape == (1, 1, cfg.vocab_size)
+    decode = len([kw for kw in fa4 if kw["max_seqlen_q"] == 1])
+    assert (one_row["calls"], one_row["made"], decode) == (0, 0, 2 * cfg.num_hidden_layers), (one_row, decode)
+
+
+def test_a_mask_read_as_all_ones_is_not_trusted_after_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The answer is kept for the mask object as it was: a write to it in place (its version
+    # moves), another mask never read, or a mask of two rows is read anew (or not at all).
     from fa4cache.ops import one_row_decode
 
-    one_row_decode.DEVICE_TYPES, before = ("cpu",), one_row_decode.DEVICE_TYPES
-    try:
-        mask = torch.ones(1, 9, dtype=torch.long)
-        assert one_row_decode.check(mask) and one_row_decode.all_ones(mask)
-        mask[0, 0] = 0
-        assert not one_row_decode.all_ones(mask)
-        assert not one_row_decode.check(mask) and not one_row_decode.all_ones(mask)
-        other = torch.ones(1, 9, dtype=torch.long)
-        assert not one_row_decode.all_ones(other)  # never checked
-        two = torch.ones(2, 9, dtype=torch.bool)
-        assert not one_row_decode.check(two) and not one_row_decode.all_ones(two)
-        assert one_row_decode.check(torch.ones(1, 3, dtype=torch.bool))
-    finally:
-        one_row_decode.DEVICE_TYPES = before
-    assert not one_row_decode.check(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
+    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cpu",))
+    mask = torch.ones(1, 9, dtype=torch.long)
+    assert one_row_decode.all_ones(mask) and one_row_decode.all_ones(mask)
+    mask[0, 0] = 0
+    assert not one_row_decode.all_ones(mask)
+    mask[0, 0] = 1
+    assert one_row_decode.all_ones(mask)  # read again: ones again
+    assert not one_row_decode.all_ones(torch.ones(2, 9, dtype=torch.bool))
+    assert one_row_decode.all_ones(torch.ones(1, 3, dtype=torch.bool))
+    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda",))
+    assert not one_row_decode.all_ones(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
+
+
+def test_a_mask_of_ones_is_made_only_where_the_cache_holds_exactly_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hook's answer to a one-row step given no mask: a dynamic cache (an int query offset,
+    # keys from slot 0, as many as the tokens) gets ones, known without a read; a static
+    # cache (a tensor offset), a sliding cache (keys from a later slot), a first step (nothing
+    # cached), two rows or several queries get no mask, as before.
+    from fa4cache.adapters.transformers import padding_mask
+
+    from fa4cache.ops import one_row_decode
+
+    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cpu",))
+    made = padding_mask(1, 1, 13, 12, 0, device="cpu")
+    assert made is not None and made.shape == (1, 13) and bool(made.all()) and one_row_decode.all_ones(made)
+    for args, kw in [
+        ((1, 1, 13, torch.tensor(12), 0), {}),  # a static cache's offset
+        ((1, 1, 9, 20, 12), {}),  # a sliding cache's keys start at slot 12
+        ((1, 1, 13, 12, 0), {"local_size": 8}),  # a sliding layer's mask
+        ((1, 1, 1, 0, 0), {}),  # nothing cached yet
+        ((2, 1, 13, 12, 0), {}),  # two rows
+        ((1, 3, 15, 12, 0), {}),  # three queries
+        ((1, 1, 40, 12, 0), {}),  # more keys than tokens (a static buffer)
+    ]:
+        assert padding_mask(*args, device="cpu", **kw) is None, (args, kw)
+    monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+    assert padding_mask(1, 1, 13, 12, 0, device="cpu") is None
+    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda",))
+    monkeypatch.delenv("FA4CACHE_ONE_ROW_SDPA")
+    assert padding_mask(1, 1, 13, 12, 0, device="cpu") is None  # not FA4's device
+
+
+@pytest.mark.parametrize("extra", ["sinks", "bias"])
+def test_attention_sinks_and_a_position_bias_run_through_pytorch_as_transformers_eager(
+    fa4: Any, caplog: Any, extra: str
+) -> None:
+    # gpt-oss passes its sinks (s_aux) and T5 its relative position bias: FA4's calls here apply
+    # neither, so such steps run through PyTorch (one warning), prefill and decode, with the
+    # logits of transformers' own implementation; continuous batching is refused by name.
+    from types import SimpleNamespace
+
+    from fa4cache.adapters import transformers as fht
+    from transformers import GptOssConfig, T5Config, T5ForConditionalGeneration
+
+    if extra == "sinks":
+        cfg = GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                           num_experts_per_tok=2, sliding_window=64,
+                           layer_types=["full_attention", "sliding_attention"])  # fmt: skip
+        m, ref = _model(cfg, "fa4cache"), _model(cfg, "eager")
+        with torch.no_grad():
+            for model in (m, ref):
+                for n, p in model.named_parameters():
+                    if "sinks" in n:
+                        p.copy_(torch.linspace(-2, 2, p.numel()).view_as(p))
+        rng = random.Random(SEED + 9)
+        ids, mask = _left_padded(rng, 2, 9, cfg.vocab_size)
+        follow = torch.randint(0, cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(SEED))
+        with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+            got = _teacher_forced(m, ids, mask, follow, "dynamic")
+        want = _teacher_forced(ref, ids, mask, follow, "dynamic")
+        valid = mask.bool()
+        torch.testing.assert_close(got[0][valid], want[0][valid], atol=2e-5, rtol=2e-5)
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+        assert [r for r in caplog.records if "attention sinks (s_aux) runs through PyTorch" in r.getMessage()]
+        q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 9, 16)  # new tokens against gathered keys
+        with pytest.raises(ValueError, match="attention sinks.*attn_implementation='eager'"):
+            fht.attention_forward(
+                SimpleNamespace(layer_idx=0, is_causal=True), q, k, k, None,
+                cu_seq_lens_q=torch.tensor([0, 1, 3], dtype=torch.int32),
+                cu_seq_lens_k=torch.tensor([0, 5, 9], dtype=torch.int32), max_length_q=2, max_length_k=5,
+                s_aux=torch.zeros(4),
+            )  # fmt: skip
+        return
+    cfg = T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                   decoder_start_token_id=0)  # fmt: skip
+
+    def run(impl: str) -> Any:
+        torch.manual_seed(0)
+        t5 = T5ForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation=impl).eval()
+        enc = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            return t5.generate(enc, attention_mask=torch.ones_like(enc), max_new_tokens=5, min_new_tokens=5,
+                               do_sample=False, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+
+    got, want = run("fa4cache"), run("sdpa")
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
 
 
 def test_paged_decode_with_a_block_table_writes_the_new_keys_and_runs_on_fa4(fa4: Any) -> None:
