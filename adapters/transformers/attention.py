@@ -20,7 +20,13 @@ _NOT_PLAIN = ("fa4cache_mask", "cu_seq_lens_q", "cu_seqlens_q", "block_table", "
 # What a model may pass that FA4's calls here do not apply (the step runs through PyTorch,
 # which applies it), by keyword: gpt-oss's attention sinks, T5's relative position bias.
 _EXTRAS = {"s_aux": "attention sinks (s_aux)", "sinks": "attention sinks", "position_bias": "a position bias"}
-_NOT_PLAIN += tuple(_EXTRAS)
+# What a model may pass that fa4cache does not apply at all: attending every key instead
+# would be silently wrong. Such models build it into the mask for "sdpa" and "eager" only.
+_UNSUPPORTED = {
+    "indices": "sparse attention indices (`indices`: the top-k keys of each query)",
+    "block_indices": "block-sparse attention indices (`block_indices`)",
+}
+_NOT_PLAIN += tuple(_EXTRAS) + tuple(_UNSUPPORTED)
 
 
 def attention_forward(
@@ -130,6 +136,13 @@ def _attention_forward(
         return out, None
     compiled = compiling()
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    for name, what in _UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"fa4cache attention: this model passes {what}, which fa4cache does not apply (it would "
+                "attend every key); load the model with attn_implementation='sdpa' or 'eager', for which "
+                "the model builds them into the attention mask"
+            )
     extra = next((why for name, why in _EXTRAS.items() if kwargs.get(name) is not None), None)
     user_mask = kwargs.get("fa4cache_mask")
     if user_mask is not None:

@@ -22,9 +22,10 @@ def fallback(
     """What the FA4 path does not cover, in PyTorch: ``allowed`` (``[B, 1, Tq, Tk]``
     booleans: the step's document mask) where given, else a mask from ``attention_mask``
     or causal (bottom-right for a cache) with the window. SDPA where it computes the same;
-    softcapping, attention dropout, attention sinks (``sinks``, one logit per query head:
-    gpt-oss's ``s_aux``) and an additive ``bias`` (T5's ``position_bias``, broadcast to
-    ``[B, Hq, Tq, Tk]``) are applied by hand, as transformers' eager paths do."""
+    softcapping, attention dropout, attention sinks (``sinks``: one logit per query head,
+    gpt-oss's ``s_aux``, or per head and query, ``[B, Hq, Tq, 1]``) and an additive
+    ``bias`` (T5's ``position_bias``, broadcast to ``[B, Hq, Tq, Tk]``) are applied by hand,
+    as transformers' eager paths do."""
     import torch
 
     B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
@@ -56,7 +57,9 @@ def fallback(
     scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
         # The sink is one more logit per query head, in the softmax and then dropped.
-        sink = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(B, -1, Tq, 1)
+        # One per head (gpt-oss's s_aux, [Hq]) or one per head and query ([B, Hq, Tq, 1]).
+        sink = sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks
+        sink = sink.to(scores.dtype).expand(B, scores.shape[1], Tq, 1)
         probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

@@ -928,6 +928,43 @@ def test_attention_sinks_and_a_position_bias_run_through_pytorch_as_transformers
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
 
 
+def test_per_query_sinks_apply_and_sparse_indices_are_refused_by_name(fa4: Any) -> None:
+    # Inkling 2 passes one sink logit per head and query ([B, H, S, 1]): applied in the
+    # softmax, then dropped (a hand reference, prefill with padding and a cache step).
+    # DeepSeek V3.2's top-k `indices` and MiniMax's `block_indices` say which keys each query
+    # attends: fa4cache applies neither, so it refuses them rather than attend every key.
+    from types import SimpleNamespace
+
+    from fa4cache.adapters import transformers as fht
+
+    gen = torch.Generator().manual_seed(SEED + 13)
+    print(f"seed {SEED + 13}")
+    layer = SimpleNamespace(layer_idx=0, is_causal=True)
+    B, H, Hkv, D = 2, 4, 2, 8
+    for Tq, Tk in ((6, 6), (1, 9)):
+        q = torch.randn(B, H, Tq, D, generator=gen)
+        k, v = (torch.randn(B, Hkv, Tk, D, generator=gen) for _ in range(2))
+        sinks = torch.randn(B, H, Tq, 1, generator=gen)
+        mask = torch.ones(B, Tk, dtype=torch.long)
+        mask[1, :2] = 0
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -Tq:]
+        out, _ = fht.attention_forward(layer, q, k, v, mask, scaling=D**-0.5, sinks=sinks, position_ids=pos)
+        kk, vv = (t.repeat_interleave(H // Hkv, 1) for t in (k, v))
+        scores = q @ kk.transpose(2, 3) * D**-0.5
+        i = torch.arange(Tq).view(Tq, 1) + Tk - Tq
+        allowed = (torch.arange(Tk).view(1, Tk) <= i) & mask.bool().view(B, 1, 1, Tk)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(torch.cat([scores, sinks], -1), -1)[..., :-1]
+        want = (probs @ vv).transpose(1, 2)
+        rows = mask[:, -Tq:].bool()  # a padding query's output is whatever the path gives it
+        torch.testing.assert_close(out[rows], want[rows], atol=1e-5, rtol=1e-5, msg=lambda m, t=Tq: f"Tq {t}: {m}")
+    q = torch.randn(1, H, 3, D, generator=gen)
+    for name in ("indices", "block_indices"):
+        with pytest.raises(ValueError, match=f"`{name}`.*attn_implementation='sdpa' or 'eager'"):
+            fht.attention_forward(layer, q, q, q, None, position_ids=torch.arange(3)[None],
+                                  **{name: torch.zeros(1, 3, 2, dtype=torch.int32)})  # fmt: skip
+
+
 def test_paged_decode_with_a_block_table_writes_the_new_keys_and_runs_on_fa4(fa4: Any) -> None:
     # transformers 5.2x's paged decode (as for flash_attn_with_kvcache): the cache has not
     # stored the step's token; block_table, k_cache/v_cache [pages, page, Hkv, D] and
