@@ -30,7 +30,13 @@ def fallback(
 
     B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
     if allowed is None and attention_mask is not None and attention_mask.dim() == 4:
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        if attention_mask.dtype == torch.bool:
+            allowed = attention_mask
+        else:
+            # transformers' float masks add to the scores: 0 or the dtype's min, or a bias
+            # outright (Parakeet's relative positions come as its "mask").
+            bias = attention_mask if bias is None else bias + attention_mask
+            allowed = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=q.device)
     elif allowed is None:
         i = torch.arange(Tq, device=q.device).view(Tq, 1) + (Tk - Tq)
         j = torch.arange(Tk, device=q.device).view(1, Tk)

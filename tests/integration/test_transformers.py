@@ -473,6 +473,34 @@ def test_dropout_fallback_keeps_documents_apart(adapter: Any) -> None:
     assert not torch.equal(out[:, :5], out2[:, :5])
 
 
+def test_a_float_4d_mask_is_added_to_the_scores_as_transformers_does(adapter: Any, caplog: Any) -> None:
+    # transformers' float masks are additive: 0 or the dtype's min, or a bias outright
+    # (Parakeet passes its relative-position scores as the "mask"). The fallback once read a
+    # float mask as "allowed where 0": Parakeet's encoder was 3.1 off eager's output.
+    import copy
+
+    from transformers import ParakeetEncoder, ParakeetEncoderConfig
+
+    cfg = ParakeetEncoderConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    x = torch.randn(2, 64, cfg.num_mel_bins, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 64, dtype=torch.long)
+    mask[1, 40:] = 0
+
+    def run(impl: str) -> Any:
+        torch.manual_seed(0)
+        m = ParakeetEncoder._from_config(copy.deepcopy(cfg), attn_implementation=impl).eval()
+        with torch.no_grad():
+            return m(input_features=x, attention_mask=mask).last_hidden_state
+
+    from fa4cache.adapters import transformers as fht
+
+    fht._warned.clear()  # the warning is once per process
+    with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        got = run("fa4cache")
+    torch.testing.assert_close(got, run("eager"), atol=1e-5, rtol=1e-5)
+    assert [r for r in caplog.records if "a 4-D attention mask runs through PyTorch" in r.getMessage()]
+
+
 def _family_configs() -> dict[str, Any]:
     import transformers as tf
 
