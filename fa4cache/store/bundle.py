@@ -5,12 +5,14 @@ One file, read front to back::
     magic "FA4CBUN1" | manifest length (u64 LE) | sha256 of the manifest (32 bytes)
     manifest: zlib-compressed JSON
         format, producer {user, uid, host, created, fa4cache}, toolchains {id: description},
-        blobs [{sha256, size, offset, length}]      content-addressed artifacts
+        blobs [{sha256, size, offset, length, packed_sha256}]  content-addressed artifacts
         entries [{toolchain, kind, digest, sidecar}] each sidecar names its blob by sha256
     blobs: zlib-compressed artifacts, back to back, in manifest order; the file ends with the last
 
-Every byte is covered by a check: the manifest by its sha256, each blob by the sha256 and
-size its entries' sidecars vouch for, and the file's length by the manifest. :func:`import_bundle`
+Every byte is covered by a check: the manifest by its sha256, each blob's compressed bytes by
+their own sha256 (zlib ignores the padding bits of a stream's last byte, so the artifact's
+checksum alone would let such a flip through), its artifact by the sha256 and size its entries'
+sidecars vouch for, and the file's length by the manifest. :func:`import_bundle`
 verifies every entry before it publishes any: a tampered or truncated bundle is refused whole,
 naming the bad entry, and nothing of it is written. A bundle file is trusted like a base store:
 owned by you, root or a uid in ``FA4CACHE_TRUSTED_UIDS``, and not writable by group or others.
@@ -44,7 +46,7 @@ from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, _plain
 from .tiers import Integrity, read_entry
 
 MAGIC = b"FA4CBUN1"
-FORMAT = 1
+FORMAT = 2  # 2: blobs carry packed_sha256
 _HEAD = struct.Struct("<8sQ32s")
 _LEVEL = 6  # zlib: object files shrink ~3.5x at a few ms per MiB
 _CHUNK = 1 << 20  # bytes read, and bytes inflated, at a time
@@ -73,6 +75,7 @@ class Manifest:
     entries: tuple[Entry, ...]
     blobs: dict[str, tuple[int, int, int]]  # sha256 -> (size, offset, length)
     data_start: int
+    packed: dict[str, str] = field(default_factory=dict)  # sha256 -> sha256 of its compressed bytes
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ def export_bundle(
                             "size": side.size,
                             "offset": spool.tell(),
                             "length": len(packed),
+                            "packed_sha256": hashlib.sha256(packed).hexdigest(),
                         }
                     )
                     spool.write(packed)
@@ -322,8 +326,15 @@ def _list(obj: Any, key: str, limit: int, setting_name: str) -> list[Any]:
     return v
 
 
-def _parse_blobs(obj: dict[str, Any], limits: Limits) -> dict[str, tuple[int, int, int]]:
+def _hex64(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def _parse_blobs(
+    obj: dict[str, Any], limits: Limits
+) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
     blobs: dict[str, tuple[int, int, int]] = {}
+    packed: dict[str, str] = {}
     end = 0
     for b in _list(obj, "blobs", limits.entries, ENV_MAX_ENTRIES):
         if not isinstance(b, dict):
@@ -334,9 +345,12 @@ def _parse_blobs(obj: dict[str, Any], limits: Limits) -> dict[str, tuple[int, in
             raise ValueError("blob table out of order")
         if sha in blobs:
             raise ValueError(f"blob {sha[:16]} is listed twice")
+        if not _hex64(b.get("packed_sha256")):
+            raise ValueError(f"blob {sha[:16]} has no packed_sha256")
         blobs[sha] = (size, off, length)
+        packed[sha] = b["packed_sha256"]
         end = off + length
-    return blobs
+    return blobs, packed
 
 
 def _parse_entry(e: Any, blobs: dict[str, tuple[int, int, int]]) -> Entry:
@@ -379,9 +393,10 @@ def _short(v: Any) -> Any:
 def _parse_manifest(obj: Any, data_start: int, limits: Limits, file_size: int) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError(
-            f"format {str(obj.get('format'))[:40] if isinstance(obj, dict) else '?'} is not {FORMAT}"
+            f"format {str(obj.get('format'))[:40] if isinstance(obj, dict) else '?'} is not {FORMAT} "
+            "(made by another fa4cache version: export it again with this one)"
         )
-    blobs = _parse_blobs(obj, limits)
+    blobs, packed = _parse_blobs(obj, limits)
     entries = [_parse_entry(e, blobs) for e in _list(obj, "entries", limits.entries, ENV_MAX_ENTRIES)]
     _check_amplification(entries, limits, file_size)
     tcs = obj.get("toolchains") or {}
@@ -398,6 +413,7 @@ def _parse_manifest(obj: Any, data_start: int, limits: Limits, file_size: int) -
         entries=tuple(entries),
         blobs=blobs,
         data_start=data_start,
+        packed=packed,
     )
 
 
@@ -412,6 +428,7 @@ def _inflate(f: IO[bytes], path: Path, name: str, m: Manifest, sha: str) -> Iter
     if m.data_start + off + length > os.fstat(f.fileno()).st_size:
         raise _bad(path, f"truncated: {name} ends past the end of the file")
     d = zlib.decompressobj()
+    h = hashlib.sha256()
     pos, left, out = m.data_start + off, length, 0
     try:
         while left:
@@ -419,6 +436,11 @@ def _inflate(f: IO[bytes], path: Path, name: str, m: Manifest, sha: str) -> Iter
             if not packed:
                 raise _bad(path, f"truncated: {name} ends past the end of the file")
             pos, left = pos + len(packed), left - len(packed)
+            h.update(packed)
+            if not left and h.hexdigest() != m.packed[sha]:
+                # Checked before the last chunk is inflated: bytes that differ from the ones
+                # exported are refused even where zlib would inflate them to the same artifact.
+                raise _bad(path, f"{name} does not match its checksum (damaged or tampered)")
             while packed:
                 chunk = d.decompress(packed, _CHUNK)
                 out += len(chunk)

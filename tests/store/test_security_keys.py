@@ -138,7 +138,13 @@ def craft_bundle(path: Path, blobs: list[bytes], entries: list[tuple[str, int]],
     table, off = [], 0
     for raw, p in zip(blobs, packed, strict=True):
         table.append(
-            {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw), "offset": off, "length": len(p)}
+            {
+                "sha256": hashlib.sha256(raw).hexdigest(),
+                "size": len(raw),
+                "offset": off,
+                "length": len(p),
+                "packed_sha256": hashlib.sha256(p).hexdigest(),
+            }
         )
         off += len(p)
     rows = []
@@ -154,7 +160,7 @@ def craft_bundle(path: Path, blobs: list[bytes], entries: list[tuple[str, int]],
         }
         side.update(size=table[i]["size"], sha256=table[i]["sha256"])
         rows.append({"toolchain": TOOLCHAIN.id, "kind": "fwd", "digest": d, "sidecar": side})
-    manifest = {"format": 1, "producer": {"user": "x"}, "toolchains": {}, "blobs": table, "entries": rows}
+    manifest = {"format": 2, "producer": {"user": "x"}, "toolchains": {}, "blobs": table, "entries": rows}
     manifest.update(extra)
     seal(path, json.dumps(manifest).encode(), b"".join(packed))
 
