@@ -163,8 +163,16 @@ def _attention_forward(
         kind, source = "padding", attention_mask
     elif kwargs.get("position_ids") is not None:
         kind, source = "position_ids", kwargs["position_ids"]
+    elif attention_mask is None and query.shape[2] == key.shape[2]:
+        # Nothing marks documents (a vision or audio encoder, a model that passes no
+        # position_ids): each row is one, as sdpa and eager attend it.
+        kind, source = "cu_seqlens", _rows(query.shape[0], query.shape[2], query.device, compiled)
     else:
         kind, source = None, None
+    # A decoder's non-causal layer is cross-attention: its 2-D mask marks the encoder's keys,
+    # not documents of the queries (read as documents, a decoder as long as the encoder
+    # attended the wrong keys). It runs as a step over keys, as a shorter decoder does.
+    cross = kind == "padding" and not causal and getattr(module, "is_decoder", False) is True
     cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
     paged = generation.paged_cache_update(module, key, value, kwargs)
     if paged is not None:
@@ -183,7 +191,7 @@ def _attention_forward(
     why = extra
     if why is not None:
         pass
-    elif q.shape[1] != k.shape[1]:
+    elif q.shape[1] != k.shape[1] or cross:
         why = generation.kv_cache_fallback(query, attention_mask, kwargs, dropout)
         if why is None:
             return generation.kv_cache_attention(
@@ -209,9 +217,11 @@ def _attention_forward(
             q.shape[1] == k.shape[1]
             and source is not None
             and (attention_mask is None or attention_mask.dim() == 2)
+            and not (kind == "padding" and not causal)
         ):
             # Training or prefill: the fallback keeps the step's documents (and padding) apart
-            # as the FA4 path does, with the same mask.
+            # as the FA4 path does, with the same mask. (Without causality a padding mask
+            # only hides keys, as eager reads it: cross-attention's queries are not its rows.)
             allowed = step_mask.step_mask(
                 batch=q.shape[0], seqlen=q.shape[1], causal=causal, window=window,
                 **{kind: source},  # the kinds are step_mask's argument names
@@ -231,6 +241,25 @@ def _attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+_row_offsets: dict[tuple[int, int, Any], Any] = {}
+
+
+def _rows(batch: int, seqlen: int, device: Any, compiled: bool) -> Any:
+    """``cu_seqlens`` of one document per row; eager calls get the same tensor in every
+    layer (the step's mask is built once, keyed by its source tensor)."""
+    import torch
+
+    key = (batch, seqlen, device)
+    hit = None if compiled else _row_offsets.get(key)
+    if hit is None:
+        hit = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
+        if not compiled:
+            if len(_row_offsets) >= 64:
+                _row_offsets.clear()
+            _row_offsets[key] = hit
+    return hit
 
 
 def _refuse_batching(extra: str) -> None:

@@ -1,10 +1,14 @@
-"""transformers' mask hook for ``"fa4cache"``: the 2-D padding mask as it is, never 4-D."""
+"""transformers' mask hook for ``"fa4cache"``: the 2-D padding mask as it is, never 4-D,
+except where the FA4 path would not compute the mask transformers asked for."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fa4cache.ops import one_row_decode
+
+from .common import compiling, warn_once
+from .mask_functions import not_computed, not_computed_while_tracing
 
 
 def padding_mask(
@@ -23,7 +27,22 @@ def padding_mask(
     compiled or graphed decode step needs; :mod:`fa4cache.ops.kv_cache` reads the tokens'
     slots from it). A one-row eager decode step given no mask (transformers 5.2x's
     ``generate`` drops an all-ones mask) gets a mask of ones where the cache's sizes show its
-    keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`)."""
+    keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`).
+
+    Where the FA4 path would compute another mask than the one asked for (a rule it does not
+    model: :mod:`.mask_functions`; or a padding mask with a gap inside a row, which it would
+    read as two documents), the hook returns transformers' own dense mask, and the layer
+    runs through PyTorch."""
+    traced = compiling()
+    why = not_computed_while_tracing(kwargs) if traced else not_computed(mask_function)
+    if why is None and not traced and q_length > 1 and _has_gap(attention_mask, kv_length):
+        # One sync per forward, as sdpa's own mask check has. Decode steps (one query) are not
+        # checked here: the KV-cache path refuses a gap on the device.
+        why = "an attention_mask with a gap inside a row (masked tokens between tokens)"
+    if why is not None:
+        return _dense(
+            why, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, kwargs
+        )
     if attention_mask is None:
         if kwargs.get("local_size") is None:  # full layers only: a sliding cache's keys start later
             return one_row_decode.mask_for_all_tokens(
@@ -38,3 +57,50 @@ def padding_mask(
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
         return torch.cat((attention_mask, tail), 1)
     return attention_mask[:, -kv_length:]
+
+
+def _has_gap(attention_mask: Any, kv_length: int) -> bool:
+    """Whether a row of the 2-D mask has more than one run of tokens."""
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] < 3:
+        return False
+    m = attention_mask.bool()
+    starts = m[:, 1:] & ~m[:, :-1]  # a token after a non-token: a second run, unless the row began with zeros
+    return bool(((starts.sum(1) + m[:, 0]) > 1).any())
+
+
+def _dense(
+    why: str,
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any,
+    kv_offset: int,
+    mask_function: Any,
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+) -> Any:
+    """transformers' boolean ``[B, 1, Tq, Tk]`` mask for sdpa, never skipped as None."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    warn_once(
+        why,
+        f"fa4cache: {why} runs through PyTorch with transformers' own mask (the FA4 path computes causal, "
+        "sliding-window, padding and packed-document masks)",
+    )
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return attention_mask
+    rest = {
+        k: v for k, v in kwargs.items() if k not in ("allow_is_causal_skip", "allow_is_bidirectional_skip")
+    }
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function if mask_function is not None else causal_mask_function,
+        attention_mask=attention_mask,
+        allow_is_causal_skip=False,
+        allow_is_bidirectional_skip=False,
+        **rest,
+    )

@@ -44,7 +44,7 @@ from . import decode_split, launch_plans
 
 _ONE_RUN = (
     "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
-    "(left padding; no gaps, no right padding)"
+    "(left padding; no gaps, no right padding); for such masks use attn_implementation='sdpa'"
 )
 
 

@@ -14,6 +14,10 @@ import weakref
 from typing import Any
 
 SOURCES = ("cu_seqlens", "padding", "position_ids")
+_GAP = (
+    "fa4cache: a padding attention_mask must be one run of tokens per row (padding at either end, "
+    "no gap inside); for masks with gaps use attn_implementation='sdpa'"
+)
 
 _lock = threading.Lock()
 _max_documents: list[int | None] = [None]
@@ -110,7 +114,12 @@ def _build(
             document_ids=ids, validate=False, max_documents=cu.numel() - 1 + batch, **opts
         )
     if padding is not None:
-        # Padding is a document of its own at either end: text never sees it.
+        # Padding is a document of its own at either end: text never sees it. A gap inside a
+        # row would make two documents of its tokens, where transformers hides only the gap:
+        # refused on the device (transformers' mask hook routes such masks elsewhere eagerly).
+        m = padding.to(torch.bool)
+        runs = (m[:, 1:] & ~m[:, :-1]).sum(1) + m[:, 0]
+        torch._assert_async((runs <= 1).all(), _GAP)
         ids = padding.to(torch.int64).diff(dim=1, prepend=padding[:, :1].to(torch.int64)).ne(0).cumsum(1)
         return make_document_mask(document_ids=ids, validate=False, max_documents=3 * batch, **opts)
     pid = position_ids.expand(batch, seqlen)
