@@ -30,15 +30,11 @@ def padding_mask(
     keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`).
 
     Where the FA4 path would compute another mask than the one asked for (a rule it does not
-    model: :mod:`.mask_functions`; or a padding mask with a gap inside a row, which it would
-    read as two documents), the hook returns transformers' own dense mask, and the layer
-    runs through PyTorch."""
-    traced = compiling()
-    why = not_computed_while_tracing(kwargs) if traced else not_computed(mask_function)
-    if why is None and not traced and q_length > 1 and _has_gap(attention_mask, kv_length):
-        # One sync per forward, as sdpa's own mask check has. Decode steps (one query) are not
-        # checked here: the KV-cache path refuses a gap on the device.
-        why = "an attention_mask with a gap inside a row (masked tokens between tokens)"
+    model: :mod:`.mask_functions`), the hook returns transformers' own dense mask, and the
+    layer runs through PyTorch."""
+    # A padding mask with a gap inside a row is not looked for here (that would be a host
+    # sync in every forward): the FA4 path refuses it on the device.
+    why = not_computed_while_tracing(kwargs) if compiling() else not_computed(mask_function)
     if why is not None:
         return _dense(
             why, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, kwargs
@@ -57,15 +53,6 @@ def padding_mask(
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
         return torch.cat((attention_mask, tail), 1)
     return attention_mask[:, -kv_length:]
-
-
-def _has_gap(attention_mask: Any, kv_length: int) -> bool:
-    """Whether a row of the 2-D mask has more than one run of tokens."""
-    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] < 3:
-        return False
-    m = attention_mask.bool()
-    starts = m[:, 1:] & ~m[:, :-1]  # a token after a non-token: a second run, unless the row began with zeros
-    return bool(((starts.sum(1) + m[:, 0]) > 1).any())
 
 
 def _dense(
