@@ -111,17 +111,21 @@ def test_a_flipped_byte_anywhere_is_refused_and_nothing_is_written(tmp_path: Pat
     assert _entries(dst) == set()
 
 
+def _exported(tmp_path: Path, keys: list[int]) -> tuple[bytes, Any, Store, Path]:
+    """A bundle of ``keys``' kernels: its bytes, its manifest, an empty store to import
+    into and a path for damaged copies."""
+    _fill(tmp_path / "a", keys)
+    good = tmp_path / "k.fa4b"
+    export_bundle(tmp_path / "a", good)
+    with open(good, "rb") as f:
+        m = read_manifest(f, good)
+    return good.read_bytes(), m, Store(cache_dir=tmp_path / "b"), tmp_path / "bad.fa4b"
+
+
 def test_every_bit_of_the_last_compressed_byte_is_checked(tmp_path: Path) -> None:
     # zlib inflates a stream whose last deflate byte has a flipped padding bit to the same
     # artifact; a random flip lands there now and then (CI seed 636784824 found it).
-    _fill(tmp_path / "a", [1, 2])
-    good = tmp_path / "k.fa4b"
-    export_bundle(tmp_path / "a", good)
-    blob = good.read_bytes()
-    with open(good, "rb") as f:
-        m = read_manifest(f, good)
-    store = Store(cache_dir=tmp_path / "b")
-    bad = tmp_path / "bad.fa4b"
+    blob, m, store, bad = _exported(tmp_path, [1, 2])
     harmless = 0
     for _, off, length in m.blobs.values():
         pos = m.data_start + off + length - 5  # the byte before zlib's 4-byte Adler-32
@@ -162,14 +166,7 @@ def test_a_bundle_of_the_previous_format_is_refused_with_the_fix(tmp_path: Path)
 
 def test_a_truncated_or_extended_bundle_is_refused_naming_the_entry(tmp_path: Path) -> None:
     rng = _seed()
-    _fill(tmp_path / "a", [1, 2])
-    good = tmp_path / "k.fa4b"
-    export_bundle(tmp_path / "a", good)
-    blob = good.read_bytes()
-    with open(good, "rb") as f:
-        m = read_manifest(f, good)
-    store = Store(cache_dir=tmp_path / "b")
-    bad = tmp_path / "bad.fa4b"
+    blob, m, store, bad = _exported(tmp_path, [1, 2])
     for cut in [0, 10, m.data_start - 1, *(rng.randrange(m.data_start, len(blob)) for _ in range(10))]:
         bad.write_bytes(blob[:cut])
         with pytest.raises(BundleError) as err:
