@@ -46,7 +46,11 @@ def _connect(cluster: Any, tmp_path: Path, **extra_env: str) -> Any:
     env = fa4cache.env(
         str(tmp_path / "node-{node_id}"),
         cluster=True,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **CROSS, **extra_env}},
+        # A loaded 2-core CI machine can hold one Ray call past the default 10 s, and a node
+        # that cannot reach the registry compiles alone (correct, but not what these tests count).
+        runtime_env={
+            "env_vars": {"PYTHONPATH": str(ROOT), **CROSS, "FA4CACHE_CLUSTER_TIMEOUT": "60", **extra_env}
+        },
     )
     ray.shutdown()
     ray.init(address=cluster.address, runtime_env=env, log_to_driver=False)
