@@ -21,7 +21,7 @@ def fallback(
 ) -> Any:
     """What the FA4 path does not cover, in PyTorch: ``allowed`` (``[B, 1, Tq, Tk]``
     booleans: the step's document mask) where given, else a mask from ``attention_mask``
-    or causal (bottom-right for a cache) with the window. SDPA where it computes the same;
+    or causal over a cache (:func:`_cache_mask`) with the window. SDPA where it computes the same;
     softcapping, attention dropout, attention sinks (``sinks``: one logit per query head,
     gpt-oss's ``s_aux``, or per head and query, ``[B, Hq, Tq, 1]``) and an additive
     ``bias`` (T5's ``position_bias``, broadcast to ``[B, Hq, Tq, Tk]``) are applied by hand,
@@ -38,14 +38,7 @@ def fallback(
             bias = attention_mask if bias is None else bias + attention_mask
             allowed = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=q.device)
     elif allowed is None:
-        i = torch.arange(Tq, device=q.device).view(Tq, 1) + (Tk - Tq)
-        j = torch.arange(Tk, device=q.device).view(1, Tk)
-        allowed = (j <= i) if causal else torch.ones(Tq, Tk, dtype=torch.bool, device=q.device)
-        if sliding_window is not None:
-            allowed = allowed & (j > i - sliding_window)
-        allowed = allowed.view(1, 1, Tq, Tk)
-        if attention_mask is not None:
-            allowed = allowed & attention_mask[:, -Tk:].bool().view(B, 1, 1, Tk)
+        allowed = _cache_mask(attention_mask, B, Tq, Tk, causal, sliding_window, q.device)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if not softcap and not dropout and sinks is None and bias is None:
@@ -66,10 +59,40 @@ def fallback(
         # One per head (gpt-oss's s_aux, [Hq]) or one per head and query ([B, Hq, Tq, 1]).
         sink = sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks
         sink = sink.to(scores.dtype).expand(B, scores.shape[1], Tq, 1)
-        probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+        probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(
+            q.dtype
+        )
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if dropout:
         probs = torch.nn.functional.dropout(probs, p=dropout)
     return torch.matmul(probs, vt).transpose(1, 2)
 
+
+def _cache_mask(
+    attention_mask: Any, B: int, Tq: int, Tk: int, causal: bool, window: int | None, device: Any
+) -> Any:
+    """``[B, 1, Tq, Tk]``: which keys each query sees over a cache. The queries are the last
+    ``Tq`` tokens: a 2-D mask marks the keys that hold tokens (left padding before them, a
+    static buffer's empty slots after them), so they end at its last True; without one (the
+    mask hook makes one for every cache step it sees), the last ``Tq`` of the ``Tk`` keys. A
+    query that sees no key (a left-padding query of a prefill) sees all of them, as eager's
+    additive mask makes it (a row of zeros would be NaN, and reach the tokens as a value)."""
+    import torch
+
+    j = torch.arange(Tk, device=device)
+    rows = torch.arange(Tq, device=device)
+    if attention_mask is not None:
+        valid = attention_mask[:, -Tk:].bool()
+        last = (Tk - 1) - valid.flip(1).to(torch.uint8).argmax(1)
+        qpos = last.view(-1, 1) - (Tq - 1) + rows.view(1, Tq)
+    else:
+        qpos = (rows + (Tk - Tq)).view(1, Tq)
+        valid = torch.ones(1, Tk, dtype=torch.bool, device=device)
+    allowed = valid[:, None, :].expand(-1, Tq, Tk)
+    if causal:
+        allowed = allowed & (j.view(1, 1, Tk) <= qpos[:, :, None])
+    if window is not None:
+        allowed = allowed & (j.view(1, 1, Tk) > qpos[:, :, None] - window)
+    allowed = allowed | ~allowed.any(-1, keepdim=True)
+    return allowed.expand(B, Tq, Tk)[:, None]

@@ -40,10 +40,15 @@ def padding_mask(
             why, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, kwargs
         )
     if attention_mask is None:
-        if kwargs.get("local_size") is None:  # full layers only: a sliding cache's keys start later
-            return one_row_decode.mask_for_all_tokens(
-                batch_size, q_length, kv_length, q_offset, kv_offset, kwargs.get("device")
+        device = kwargs.get("device")
+        if kwargs.get("local_size") is None:  # full layers: a sliding cache's keys start later
+            ones = one_row_decode.mask_for_all_tokens(
+                batch_size, q_length, kv_length, q_offset, kv_offset, device
             )
+            if ones is not None:
+                return ones
+        if q_length < kv_length and not _bidirectional(mask_function):  # cross-attention's keys are no cache
+            return _tokens_so_far(batch_size, q_length, kv_length, q_offset, kv_offset, device)
         return None
     if attention_mask.dim() != 2:
         return attention_mask
@@ -53,6 +58,26 @@ def padding_mask(
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
         return torch.cat((attention_mask, tail), 1)
     return attention_mask[:, -kv_length:]
+
+
+def _bidirectional(mask_function: Any) -> bool:
+    from transformers.masking_utils import bidirectional_mask_function
+
+    return mask_function is bidirectional_mask_function
+
+
+def _tokens_so_far(
+    batch: int, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any, device: Any
+) -> Any:
+    """A step over a cache given no mask (transformers 5.2x drops one without padding): the
+    keys that hold tokens. Slot ``s`` holds position ``kv_offset + s`` (a sliding cache's
+    keys start later), and the tokens so far are ``q_offset + q_length`` (a static buffer's
+    later slots are empty). Without it a step that runs through PyTorch saw the empty slots,
+    and a prefill its future tokens. ``q_offset`` may be a tensor (no sync)."""
+    import torch
+
+    slots = torch.arange(kv_length, device=device) + kv_offset
+    return (slots < q_offset + q_length).view(1, kv_length).expand(batch, kv_length)
 
 
 def _dense(

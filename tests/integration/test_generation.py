@@ -839,33 +839,48 @@ def test_a_mask_read_as_all_ones_is_not_trusted_after_a_change(monkeypatch: pyte
     assert not one_row_decode.all_ones(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
 
 
-def test_a_mask_of_ones_is_made_only_where_the_cache_holds_exactly_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The hook's answer to a one-row step given no mask: a dynamic cache (an int query offset,
-    # keys from slot 0, as many as the tokens) gets ones, known without a read; a static
-    # cache (a tensor offset), a sliding cache (keys from a later slot), a first step (nothing
-    # cached), two rows or several queries get no mask, as before.
+def test_a_step_given_no_mask_gets_the_slots_that_hold_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hook's answer to a cache step given no mask (5.2x's generate drops one without
+    # padding). A one-row step over a dynamic cache (an int query offset, keys from slot 0, as
+    # many as the tokens) gets ones known without a read (the one-row path); every other cache
+    # step gets the slots that hold tokens (slot s holds position kv_offset + s; the tokens so
+    # far are q_offset + q_length), so a step through PyTorch never sees a static buffer's
+    # empty slots. A step without a cache gets none, as before.
     from fa4cache.adapters.transformers import padding_mask
 
     from fa4cache.ops import one_row_decode
 
+    def known_ones(m: Any) -> bool:
+        hit = one_row_decode._known.get(id(m))
+        return hit is not None and hit[0]() is m and hit[2]
+
     monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cpu",))
     made = padding_mask(1, 1, 13, 12, 0, device="cpu")
-    assert made is not None and made.shape == (1, 13) and bool(made.all()) and one_row_decode.all_ones(made)
-    for args, kw in [
-        ((1, 1, 13, torch.tensor(12), 0), {}),  # a static cache's offset
-        ((1, 1, 9, 20, 12), {}),  # a sliding cache's keys start at slot 12
-        ((1, 1, 13, 12, 0), {"local_size": 8}),  # a sliding layer's mask
-        ((1, 1, 1, 0, 0), {}),  # nothing cached yet
-        ((2, 1, 13, 12, 0), {}),  # two rows
-        ((1, 3, 15, 12, 0), {}),  # three queries
-        ((1, 1, 40, 12, 0), {}),  # more keys than tokens (a static buffer)
+    assert made is not None and made.shape == (1, 13) and bool(made.all()) and known_ones(made)
+    for args, kw, tokens in [
+        ((1, 1, 13, torch.tensor(12), 0), {}, 13),  # a static cache's offset (a tensor: no sync)
+        ((1, 1, 9, 20, 12), {}, 9),  # a sliding cache's keys start at slot 12: all tokens
+        ((1, 1, 13, 12, 0), {"local_size": 8}, 13),  # a sliding layer's mask
+        ((2, 1, 13, 12, 0), {}, 13),  # two rows
+        ((1, 3, 15, 12, 0), {}, 15),  # three queries
+        ((1, 1, 40, 12, 0), {}, 13),  # a static buffer: 13 tokens, 27 empty slots
+        ((2, 4, 40, 0, 0), {}, 4),  # a prefill into one
     ]:
-        assert padding_mask(*args, device="cpu", **kw) is None, (args, kw)
+        m = padding_mask(*args, device="cpu", **kw)
+        assert m.shape == (args[0], args[2]) and m.dtype == torch.bool, (args, kw)
+        assert m.sum(1).tolist() == [tokens] * args[0] and bool(m[:, :tokens].all()), (args, kw, m)
+        assert not known_ones(m), (args, kw)
+    assert padding_mask(1, 1, 1, 0, 0, device="cpu") is None  # nothing cached yet
+    assert padding_mask(2, 12, 12, 0, 0, device="cpu") is None  # no cache: documents from position_ids
+    from transformers.masking_utils import bidirectional_mask_function
+
+    # Cross-attention (a bidirectional rule): the encoder's keys are no cache.
+    assert padding_mask(1, 1, 12, 3, 0, mask_function=bidirectional_mask_function, device="cpu") is None
     monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
-    assert padding_mask(1, 1, 13, 12, 0, device="cpu") is None
+    assert not known_ones(padding_mask(1, 1, 13, 12, 0, device="cpu"))
     monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda",))
     monkeypatch.delenv("FA4CACHE_ONE_ROW_SDPA")
-    assert padding_mask(1, 1, 13, 12, 0, device="cpu") is None  # not FA4's device
+    assert not known_ones(padding_mask(1, 1, 13, 12, 0, device="cpu"))  # not FA4's device
 
 
 @pytest.mark.parametrize("extra", ["sinks", "bias"])
@@ -1023,3 +1038,37 @@ def test_decoding_under_inference_mode_matches_no_grad(fa4: Any) -> None:
         got = _teacher_forced(m, ids, mask, follow, "dynamic")
     for t, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda s, t=t: f"step {t}: {s}")
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "t5"])
+def test_steps_through_pytorch_over_a_static_cache_see_only_the_tokens(fa4: Any, family: str) -> None:
+    # A step that runs through PyTorch (gpt-oss's sinks, T5's position bias) over a static
+    # buffer once aligned its queries to the buffer's end: they saw the empty slots, and a
+    # prefill its future tokens (gpt-oss 0.28-0.69 off, T5 5.2 off, different tokens).
+    # transformers 5.2x's generate passes no mask without padding: the hook makes one.
+    from transformers import GptOssConfig, GptOssForCausalLM, T5Config, T5ForConditionalGeneration
+
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, cache_implementation="static")  # fmt: skip
+    if family == "t5":
+        cfg, cls = T5Config(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                            num_heads=4, decoder_start_token_id=0), T5ForConditionalGeneration  # fmt: skip
+    else:
+        cfg = GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                           num_experts_per_tok=2, sliding_window=4, pad_token_id=0,
+                           layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+        cls = GptOssForCausalLM
+    models = []
+    for impl in ("fa4cache", "eager"):
+        torch.manual_seed(0)
+        models.append(cls._from_config(copy.deepcopy(cfg), attn_implementation=impl).eval())
+    rng = random.Random(SEED + 21)
+    print(f"seed {SEED + 21}")
+    for batch in (1, 2):
+        ids, mask = _left_padded(rng, batch, 10, cfg.vocab_size)
+        for m in (mask, None) if batch == 1 else (mask,):
+            with torch.no_grad():
+                got, want = (model.generate(input_ids=ids, attention_mask=m, **kw) for model in models)
+            assert torch.equal(got.sequences, want.sequences), (batch, m)
+            torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=2e-5)

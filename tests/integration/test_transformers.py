@@ -657,3 +657,21 @@ def test_an_encoder_without_a_mask_runs_each_row_on_fa4(adapter: Any, caplog: An
         a = ref(pixel_values=x).last_hidden_state
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     assert calls["masks"] == 1 and not caplog.records, caplog.records  # one mask, shared; no fallback
+
+
+def test_models_with_attention_code_of_their_own_are_refused_by_name(adapter: Any) -> None:
+    # transformers accepts any registered name for any model. These never call the attention
+    # interface: fa4cache never ran, and the hook's 2-D mask was read as their own 4-D one
+    # (Bloom 0.016 off, MPT 0.3 off, shape errors, Falcon a bare KeyError).
+    from transformers import AutoConfig, AutoModel
+
+    small = dict(hidden_size=64, n_embd=64, d_model=64, num_attention_heads=4, n_head=4, n_heads=4, num_heads=4,
+                 num_hidden_layers=1, n_layer=1, n_layers=1, num_layers=1, vocab_size=97)  # fmt: skip
+    for family, fix in (("bloom", "'eager'$"), ("falcon", "'eager' or 'sdpa'"), ("gpt_neo", "'eager'"), ("mpt", "'eager'")):
+        cfg = AutoConfig.for_model(family)
+        for k, v in small.items():
+            if hasattr(cfg, k):
+                setattr(cfg, k, v)
+        with pytest.raises(ValueError, match=f"does not call transformers' attention interface.*{fix}"):
+            AutoModel.from_config(cfg, attn_implementation="fa4cache")
+    AutoModel.from_config(_configs()["llama-gqa"], attn_implementation="fa4cache")  # the interface's own
