@@ -497,7 +497,9 @@ def test_a_float_4d_mask_is_added_to_the_scores_as_transformers_does(adapter: An
     fht._warned.clear()  # the warning is once per process
     with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
         got = run("fa4cache")
-    torch.testing.assert_close(got, run("eager"), atol=1e-5, rtol=1e-5)
+    # (transformers 5.17's eager Parakeet gives NaN rows for this padding: the same NaN here.)
+    torch.testing.assert_close(got, run("eager"), atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert got[0].isfinite().all()
     assert [r for r in caplog.records if "a 4-D attention mask runs through PyTorch" in r.getMessage()]
 
 
