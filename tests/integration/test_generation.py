@@ -1085,3 +1085,24 @@ def test_steps_through_pytorch_over_a_static_cache_see_only_the_tokens(fa4: Any,
                 got, want = (model.generate(input_ids=ids, attention_mask=m, **kw) for model in models)
             assert torch.equal(got.sequences, want.sequences), (batch, m)
             torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=2e-5)
+
+
+def test_a_compiled_static_step_given_no_mask_sees_only_the_tokens(fa4: Any) -> None:
+    # A static buffer's decode step without a mask (5.2x's generate drops one without
+    # padding), traced whole: the hook's mask of the slots that hold tokens is built inside
+    # the graph (a tensor offset, no sync), and the step equals eager's.
+    cfg = _configs()["llama-gqa"]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "eager")
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(SEED + 31))
+    print(f"seed {SEED + 31}")
+    caches = [_cache("static", cfg, 24) for _ in range(2)]
+    torch._dynamo.reset()
+    run = torch.compile(m, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        for model, cache in zip((m, ref), caches):
+            model(input_ids=ids[:, :10], **{CACHE: cache})
+        for t in (10, 11):
+            pos = torch.tensor([t])
+            got = run(input_ids=ids[:, t : t + 1], cache_position=pos, **{CACHE: caches[0]}).logits
+            want = ref(input_ids=ids[:, t : t + 1], cache_position=pos, **{CACHE: caches[1]}).logits
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
