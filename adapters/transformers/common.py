@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 # One logger for the whole adapter (what tests and users filter on).
@@ -44,3 +46,14 @@ def compiling() -> bool:
     import torch
 
     return torch.compiler.is_compiling()
+
+
+def patch_once(owner: Any, name: str, wrap: Callable[[Any], Callable[..., Any]]) -> None:
+    """``owner.name`` replaced by ``wrap(owner.name)`` (its name and docs kept), unless an
+    earlier ``register()`` did it already."""
+    fn = getattr(owner, name)
+    if getattr(fn, "__fa4cache__", False):
+        return
+    patched = functools.wraps(fn)(wrap(fn))
+    patched.__fa4cache__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, patched)

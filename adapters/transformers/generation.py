@@ -4,14 +4,12 @@ and 5.2x's ``block_table``/``k_cache``/``v_cache``) on FA4 (:mod:`fa4cache.ops.k
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from fa4cache.ops import kv_cache
 
-from .common import NAMES, compiling, first_kwarg, host_int, per_layer_type
+from .common import NAMES, compiling, first_kwarg, host_int, patch_once, per_layer_type
 
 
 def _window_and_scale(query: Any, sliding_window: int | None, scaling: float | None) -> tuple[int | None, float]:
@@ -173,17 +171,6 @@ def _ours(config: Any) -> bool:
     return getattr(config, "_attn_implementation", None) in NAMES
 
 
-def _patch_once(owner: Any, name: str, wrap: Callable[[Any], Callable[..., Any]]) -> None:
-    """``owner.name`` replaced by ``wrap(owner.name)`` (its name and docs kept), unless an
-    earlier ``register()`` did it already."""
-    fn = getattr(owner, name)
-    if getattr(fn, "__fa4cache__", False):
-        return
-    patched = functools.wraps(fn)(wrap(fn))
-    patched.__fa4cache__ = True  # type: ignore[attr-defined]
-    setattr(owner, name, patched)
-
-
 def allow_continuous_batching() -> None:
     """Let ``generate_batch`` / ``ContinuousBatchingManager`` keep ``"fa4cache"`` (or
     ``"paged|fa4cache"``, which transformers reads as ``"fa4cache"``): transformers accepts
@@ -202,7 +189,7 @@ def allow_continuous_batching() -> None:
 
         return switch_to_cb_friendly_attn
 
-    _patch_once(ContinuousBatchingManager, "switch_to_cb_friendly_attn", wrap)
+    patch_once(ContinuousBatchingManager, "switch_to_cb_friendly_attn", wrap)
     graphs_by_default()
 
 
@@ -240,10 +227,10 @@ def graphs_by_default() -> None:
 
         return resolve_continuous_batching_config
 
-    _patch_once(continuous_api, "resolve_continuous_batching_config", resolve)
+    patch_once(continuous_api, "resolve_continuous_batching_config", resolve)
     handler = getattr(cb_cache, "PagedAttentionMemoryHandler", None)
     if handler is not None:
-        _patch_once(handler, "__init__", _memory_as_flash)
+        patch_once(handler, "__init__", _memory_as_flash)
 
 
 def _memory_as_flash(init: Any) -> Any:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import NAMES
-from .generation import _patch_once
+from .common import NAMES, patch_once
 
 
 def _uses_the_interface(cls: type) -> bool:
@@ -39,4 +38,4 @@ def refuse_models_outside_the_interface() -> None:
 
         return get_correct_attn_implementation
 
-    _patch_once(PreTrainedModel, "get_correct_attn_implementation", wrap)
+    patch_once(PreTrainedModel, "get_correct_attn_implementation", wrap)

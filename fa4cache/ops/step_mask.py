@@ -116,7 +116,7 @@ def _build(
     if padding is not None:
         # Padding is a document of its own at either end: text never sees it. A gap inside a
         # row would make two documents of its tokens, where transformers hides only the gap:
-        # refused on the device (transformers' mask hook routes such masks elsewhere eagerly).
+        # refused on the device (finding it on the host would be a sync in every step).
         m = padding.to(torch.bool)
         runs = (m[:, 1:] & ~m[:, :-1]).sum(1) + m[:, 0]
         torch._assert_async((runs <= 1).all(), _GAP)

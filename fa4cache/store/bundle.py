@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from fa4cache.errors import ConfigError, Fa4CacheError, InsecurePath
+from fa4cache.hashing import sha256_bytes
 from fa4cache.settings import BY_NAME, setting
 
-from .paths import TOOLCHAIN_FILE, EntryRef, Layout
+from .paths import TOOLCHAIN_FILE, EntryRef, Layout, is_digest
 from .secure_io import CLOEXEC, NOFOLLOW, NONBLOCK, only_me, owners, problem, read_checked, unlink_quiet
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, _plain
 from .tiers import Integrity, read_entry
@@ -75,7 +76,7 @@ class Manifest:
     entries: tuple[Entry, ...]
     blobs: dict[str, tuple[int, int, int]]  # sha256 -> (size, offset, length)
     data_start: int
-    packed: dict[str, str] = field(default_factory=dict)  # sha256 -> sha256 of its compressed bytes
+    packed: dict[str, str]  # sha256 -> sha256 of its compressed bytes
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def export_bundle(
                             "size": side.size,
                             "offset": spool.tell(),
                             "length": len(packed),
-                            "packed_sha256": hashlib.sha256(packed).hexdigest(),
+                            "packed_sha256": sha256_bytes(packed),
                         }
                     )
                     spool.write(packed)
@@ -326,10 +327,6 @@ def _list(obj: Any, key: str, limit: int, setting_name: str) -> list[Any]:
     return v
 
 
-def _hex64(v: Any) -> bool:
-    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
-
-
 def _parse_blobs(
     obj: dict[str, Any], limits: Limits
 ) -> tuple[dict[str, tuple[int, int, int]], dict[str, str]]:
@@ -345,7 +342,7 @@ def _parse_blobs(
             raise ValueError("blob table out of order")
         if sha in blobs:
             raise ValueError(f"blob {sha[:16]} is listed twice")
-        if not _hex64(b.get("packed_sha256")):
+        if not isinstance(b.get("packed_sha256"), str) or not is_digest(b["packed_sha256"]):
             raise ValueError(f"blob {sha[:16]} has no packed_sha256")
         blobs[sha] = (size, off, length)
         packed[sha] = b["packed_sha256"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.transformers_compat import cache_kwarg
+from tests.helpers.transformers_compat import before_5_2x, cache_kwarg
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -457,13 +457,6 @@ def test_warm_generation_from_a_model_config_covers_decoding(tmp_path: Any) -> N
     assert p.stdout.split("RESULT", 1)[1].split() == ["0", "3"]
 
 
-def _before_5_2x() -> bool:
-    import transformers
-
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return (major, minor) < (5, 20)
-
-
 def test_generate_batch_runs_on_fa4_without_a_mask(
     fa4: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -473,7 +466,7 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
     from transformers import GenerationConfig
     from transformers.generation.continuous_batching import input_outputs
 
-    if _before_5_2x():
+    if before_5_2x():
         pytest.skip("transformers 5.17's generate_batch cannot size its cache on a CPU, with sdpa too (GPU test)")
     built = []
     real_build = input_outputs.build_attention_mask
@@ -520,7 +513,7 @@ def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_impl
     init = pytest.importorskip("transformers.generation.continuous_batching.initialization")
     if not hasattr(init, "decide_use_cuda_graphs"):
         pytest.skip("this transformers decides no CUDA-graph default in continuous batching")
-    if _before_5_2x():
+    if before_5_2x():
         pytest.skip("written against 5.2x's resolution (its device argument, get_accelerator_graph_name)")
     from fa4cache.adapters import transformers as fht
     from transformers import LlamaConfig
@@ -556,7 +549,7 @@ def test_continuous_batching_plans_fa4cache_memory_as_a_flash_implementation(
     init = pytest.importorskip("transformers.generation.continuous_batching.initialization")
     if not hasattr(cb_cache, "PagedAttentionMemoryHandler") or not hasattr(init, "decide_use_cuda_graphs"):
         pytest.skip("this transformers plans no such memory")
-    if _before_5_2x():
+    if before_5_2x():
         pytest.skip("written against 5.2x's resolution (its device argument, get_accelerator_graph_name)")
     from fa4cache.adapters import transformers as fht
     from transformers import LlamaConfig
