@@ -101,8 +101,9 @@ def _model(cfg: Any, impl: str, seed: int = 0) -> Any:
 
 
 def _left_padded(rng: random.Random, batch: int, length: int, vocab: int) -> tuple[Any, Any]:
+    # Tokens start at 1: generate reads a pad id (0) inside a row given no mask as a gap.
     ids = torch.randint(
-        0, vocab, (batch, length), generator=torch.Generator().manual_seed(rng.randrange(1 << 30))
+        1, vocab, (batch, length), generator=torch.Generator().manual_seed(rng.randrange(1 << 30))
     )
     mask = torch.ones(batch, length, dtype=torch.long)
     for b in range(batch):
