@@ -58,7 +58,7 @@ from fa4cache.ops import kv_cache, packed_attention
 from fa4cache.ops.step_mask import set_max_documents
 
 from .attention import attention_forward
-from .common import NAME, NAMES
+from .common import NAME, NAMES, warn_while_tracing_too
 from .common import warned as _warned  # noqa: F401  (tests clear it)
 from .fallback import fallback as _fallback  # noqa: F401
 from .generation import allow_continuous_batching
@@ -93,6 +93,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
         AttentionMaskInterface.register(name, padding_mask)
     allow_continuous_batching()
     refuse_models_outside_the_interface()
+    warn_while_tracing_too()
     if fix_flash_attention_4:
         _fix_flash_attention_4()
 

@@ -169,10 +169,10 @@ def _attention_forward(
         kind, source = "cu_seqlens", _rows(query.shape[0], query.shape[2], query.device, compiled)
     else:
         kind, source = None, None
-    # A decoder's non-causal layer is cross-attention: its 2-D mask marks the encoder's keys,
-    # not documents of the queries (read as documents, a decoder as long as the encoder
-    # attended the wrong keys). It runs as a step over keys, as a shorter decoder does.
-    cross = kind == "padding" and not causal and getattr(module, "is_decoder", False) is True
+    # Cross-attention's 2-D mask marks the encoder's keys, not documents of the queries (read
+    # as documents, a decoder as long as the encoder attended the wrong keys). It runs as a
+    # step over keys, as a shorter decoder does.
+    cross = kind == "padding" and not causal and _cross_attention(module)
     cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
     paged = generation.paged_cache_update(module, key, value, kwargs)
     if paged is not None:
@@ -200,7 +200,9 @@ def _attention_forward(
             ), None  # fmt: skip
     elif dropout:
         why = "attention dropout"
-    elif attention_mask is not None and attention_mask.dim() != 2 and cu is None:
+    elif attention_mask is not None and attention_mask.dim() != 2:
+        # With cu_seq_lens too (a flattening collator): the 4-D mask is a rule the FA4 path
+        # does not model (the hook's own, for Llama 4's chunks, Gemma 3's images) or the user's.
         why = "a 4-D attention mask"
     elif source is None:
         raise ValueError(
@@ -222,6 +224,8 @@ def _attention_forward(
             # Training or prefill: the fallback keeps the step's documents (and padding) apart
             # as the FA4 path does, with the same mask. (Without causality a padding mask
             # only hides keys, as eager reads it: cross-attention's queries are not its rows.)
+            # A 4-D mask is the whole rule, as eager and sdpa read it (transformers puts
+            # packed documents in it from position_ids; neither reads cu_seq_lens).
             allowed = step_mask.step_mask(
                 batch=q.shape[0], seqlen=q.shape[1], causal=causal, window=window,
                 **{kind: source},  # the kinds are step_mask's argument names
@@ -243,7 +247,22 @@ def _attention_forward(
     return out, None
 
 
-_row_offsets: dict[tuple[int, int, Any], Any] = {}
+def _cross_attention(module: Any) -> bool:
+    """Whether a non-causal layer attends another sequence (an encoder's), by what
+    transformers' layers say of themselves: ``is_decoder`` (Bart, T5, Whisper, ...),
+    ``is_cross_attention`` (GPT-2), a ``*CrossAttention`` class (BERT's, T5Gemma, Dia, Canary,
+    CohereAsr), or a decoder's config (a non-causal layer of a decoder is no self-attention).
+    Reading an encoder's own mask as keys would be right too, only slower (its padding
+    queries are computed): the test decides speed, never what is attended."""
+    if getattr(module, "is_decoder", False) is True or getattr(module, "is_cross_attention", False) is True:
+        return True
+    if "CrossAttention" in type(module).__name__:
+        return True
+    config = getattr(module, "config", None)
+    return getattr(config, "is_decoder", False) is True or getattr(config, "add_cross_attention", False) is True
+
+
+_row_offsets: dict[tuple[int, int, Any, bool], Any] = {}
 
 
 def _rows(batch: int, seqlen: int, device: Any, compiled: bool) -> Any:
@@ -251,11 +270,14 @@ def _rows(batch: int, seqlen: int, device: Any, compiled: bool) -> Any:
     layer (the step's mask is built once, keyed by its source tensor)."""
     import torch
 
-    key = (batch, seqlen, device)
-    hit = None if compiled else _row_offsets.get(key)
+    # Not kept from a CUDA-graph capture (its values exist only in that graph's replays);
+    # one made under inference_mode serves only calls under it (autograd may not save it).
+    keep = not compiled and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    key = (batch, seqlen, device, torch.is_inference_mode_enabled())
+    hit = _row_offsets.get(key) if keep else None
     if hit is None:
         hit = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
-        if not compiled:
+        if keep:
             if len(_row_offsets) >= 64:
                 _row_offsets.clear()
             _row_offsets[key] = hit

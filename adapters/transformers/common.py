@@ -18,9 +18,32 @@ warned: set[str] = set()
 
 
 def warn_once(tag: str, message: str) -> None:
+    """One warning per ``tag`` and process, from eager or traced code. Traced (a compiled
+    prefill with Llama 4's chunks), a logging call would break the graph, and dynamo's
+    reorderable logging keeps none from inlined frames: the warning is made while tracing,
+    through ``assume_constant_result`` (dynamo runs that eagerly), set up by ``register()``."""
+    if not compiling():
+        _warn(tag, message)
+    elif _traced_warning:
+        _traced_warning[0](tag, message)
+
+
+def _warn(tag: str, message: str) -> bool:
     if tag not in warned:
         warned.add(tag)
         log.warning(message)
+    return True
+
+
+_traced_warning: list[Callable[[str, str], bool]] = []
+
+
+def warn_while_tracing_too() -> None:
+    """Wraps :func:`_warn` for traced calls (the wrapping itself cannot happen while tracing)."""
+    import torch
+
+    if not _traced_warning:
+        _traced_warning.append(torch.compiler.assume_constant_result(_warn))
 
 
 def first_kwarg(kwargs: dict[str, Any], *names: str) -> Any:

@@ -78,15 +78,60 @@ def not_computed(mask_function: Any, depth: int = 0) -> str | None:
     return _NAMED.get(name, f"transformers' mask function {name}")
 
 
-def not_computed_while_tracing(kwargs: dict[str, Any]) -> str | None:
-    """:func:`not_computed` from what torch.compile lets a traced hook read (it cannot look
-    into closures): transformers turns ``use_vmap`` on exactly when the model passed its own
-    ``or_mask_function``/``and_mask_function``; a chunked layer's ``local_size`` is the
-    config's ``attention_chunk_size``. (Gemma 3's image blocks come with neither: transformers
-    compiles decode steps, whose new tokens are text, and those are the same.)"""
-    if kwargs.get("use_vmap"):
-        return "a mask widened or narrowed by the model's own mask function"
+def not_computed_while_tracing(mask_function: Any, q_length: int, kwargs: dict[str, Any]) -> str | None:
+    """:func:`not_computed` from what torch.compile lets a traced hook read: the rule's own
+    name, not the closures under it (dynamo cannot convert their cells), and the flags
+    transformers sets beside it. An ``or`` at the top is a widened rule (image blocks, a
+    model's ``or_mask_function``); ``use_vmap`` marks a model's own mask function anywhere; a
+    chunked layer's ``local_size`` is the config's ``attention_chunk_size``; only the
+    bidirectional mask makers pass ``allow_is_bidirectional_skip``. One case stays hidden
+    under an ``and`` of packed documents: image blocks of a family that passes
+    ``block_sequence_ids``, which :data:`BLOCK_FAMILIES` names (a decode step's new tokens are
+    text: its blocks add nothing)."""
+    why = vmap_reason(kwargs)
+    if why is not None:
+        return why
     chunk = getattr(kwargs.get("config"), "attention_chunk_size", None)
     if chunk is not None and kwargs.get("local_size") == chunk:
         return "chunked attention (attention_chunk_size)"
+    if "allow_is_bidirectional_skip" in kwargs and kwargs.get("local_size") is not None:
+        return _NAMED["sliding_window_bidirectional_overlay.<locals>.inner_mask"]
+    # Read outright (for a closure made in the graph dynamo answers hasattr False and
+    # getattr's default) and compared, not hashed (nor can it hash the name it reads).
+    try:
+        name = mask_function.__qualname__
+    except AttributeError:
+        name = None
+    for known, why in _NAMED.items():
+        if name == known:
+            return why
+    if (
+        any(name == known for known in _INTERSECTIONS)
+        and q_length > 1
+        and not kwargs.get("allow_is_causal_skip", True)
+        and block_family(kwargs.get("config"))
+    ):
+        return "packed documents of a model with image blocks (block_sequence_ids), while compiling"
     return None
+
+
+def vmap_reason(kwargs: dict[str, Any]) -> str | None:
+    """transformers turns ``use_vmap`` on exactly when the model passed its own
+    ``or_mask_function``/``and_mask_function`` (ESMC's ``sequence_id`` documents come that
+    way, as ``packed_sequence_mask_function``, which the FA4 path would not see)."""
+    if kwargs.get("use_vmap"):
+        return "a mask widened or narrowed by the model's own mask function"
+    return None
+
+
+# The model families whose mask makers take ``block_sequence_ids`` (transformers 5.24;
+# tests/integration/test_transformers_masks.py fails when a new one appears).
+BLOCK_FAMILIES = (
+    "deepseek_ocr2", "diffusion_gemma", "gemma3", "gemma4", "gemma4_unified", "git", "hrm_text", "molmo2",
+    "paligemma", "pi0", "unlimited_ocr",
+)  # fmt: skip
+
+
+def block_family(config: Any) -> bool:
+    model_type = getattr(config, "model_type", None) or ""
+    return any(model_type == f or model_type.startswith(f + "_") for f in BLOCK_FAMILIES)  # gemma3_text

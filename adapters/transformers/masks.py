@@ -8,7 +8,7 @@ from typing import Any
 from fa4cache.ops import one_row_decode
 
 from .common import compiling, warn_once
-from .mask_functions import not_computed, not_computed_while_tracing
+from .mask_functions import not_computed, not_computed_while_tracing, vmap_reason
 
 
 def padding_mask(
@@ -34,7 +34,10 @@ def padding_mask(
     layer runs through PyTorch."""
     # A padding mask with a gap inside a row is not looked for here (that would be a host
     # sync in every forward): the FA4 path refuses it on the device.
-    why = not_computed_while_tracing(kwargs) if compiling() else not_computed(mask_function)
+    if compiling():
+        why = not_computed_while_tracing(mask_function, q_length, kwargs)
+    else:
+        why = vmap_reason(kwargs) or not_computed(mask_function)
     if why is not None:
         return _dense(
             why, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, kwargs
@@ -48,7 +51,10 @@ def padding_mask(
             if ones is not None:
                 return ones
         if q_length < kv_length and not _bidirectional(mask_function):  # cross-attention's keys are no cache
-            return _tokens_so_far(batch_size, q_length, kv_length, q_offset, kv_offset, device)
+            # (A one-row eager step asks whether it is all ones: known, not read back.)
+            return one_row_decode.not_all_ones(
+                _tokens_so_far(batch_size, q_length, kv_length, q_offset, kv_offset, device)
+            )
         return None
     if attention_mask.dim() != 2:
         return attention_mask
@@ -56,8 +62,31 @@ def padding_mask(
         import torch
 
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
-        return torch.cat((attention_mask, tail), 1)
-    return attention_mask[:, -kv_length:]
+        out = one_row_decode.not_all_ones(torch.cat((attention_mask, tail), 1))
+    else:
+        out = attention_mask[:, -kv_length:]
+    if 1 < q_length < kv_length and kwargs.get("local_size") is None and not _bidirectional(mask_function):
+        _refuse_right_padding(out, q_offset + q_length - 1 - kv_offset)
+    return out
+
+
+_RIGHT_PADDED = (
+    "fa4cache: a prefill over a KV cache whose newest token is padding in some row (right padding); "
+    "pad on the left (tokenizer.padding_side='left'), or use attn_implementation='sdpa'"
+)
+
+
+def _refuse_right_padding(mask: Any, newest: Any) -> None:
+    """A prefill over a cache (a static buffer, a chunk after earlier ones) aligns each row's
+    queries to its last token: with right padding that is not the newest slot, and the real
+    tokens would attend as if shifted. Refused on the device, where the mask is (no sync;
+    ``newest``, the slot of the step's last token, may be a tensor). Without a cache the
+    packed path reads right padding as it is; a decode step sees it as a gap."""
+    import torch
+
+    slot = torch.as_tensor(newest, device=mask.device).to(torch.long).clamp(0, mask.shape[1] - 1)
+    slot = slot.reshape(1, 1).expand(mask.shape[0], 1)
+    torch._assert_async(mask.gather(1, slot).to(torch.bool).all(), _RIGHT_PADDED)
 
 
 def _bidirectional(mask_function: Any) -> bool:

@@ -62,6 +62,16 @@ def _keep(mask: Any, ones: bool) -> bool:
     return ones
 
 
+def not_all_ones(mask: Any) -> Any:
+    """``mask``, known to hold a False without reading it (the mask hook's slots of a static
+    buffer: its later slots are empty), so that :func:`all_ones` costs no sync for it."""
+    import torch
+
+    if not torch.compiler.is_compiling() and mask.dim() == 2 and mask.shape[0] == 1:
+        _keep(mask, False)
+    return mask
+
+
 def all_ones(mask: Any) -> bool:
     """Whether a one-row step's 2-D ``mask`` is all ones: the answer kept for this mask
     object while it lives unchanged (its version), else read from the device (one host

@@ -69,7 +69,10 @@ def step_mask(
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     if src.is_inference():  # no version counter (inference_mode): a change in place could not be seen
         return _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding, capturing)
-    key = (_key_of(src), batch, seqlen, causal, window, max_seqlen, _max_documents[0], capturing)
+    # A mask built under inference_mode serves only calls under it: autograd may not save
+    # its tensors for a training step's backward.
+    inference = torch.is_inference_mode_enabled()
+    key = (_key_of(src), batch, seqlen, causal, window, max_seqlen, _max_documents[0], capturing, inference)
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0]() is not None:

@@ -395,6 +395,10 @@ def _parse_manifest(obj: Any, data_start: int, limits: Limits, file_size: int) -
         )
     blobs, packed = _parse_blobs(obj, limits)
     entries = [_parse_entry(e, blobs) for e in _list(obj, "entries", limits.entries, ENV_MAX_ENTRIES)]
+    # Imports read only the blobs entries name: another would be bytes no check covers.
+    unnamed = set(blobs) - {e.sidecar.sha256 for e in entries}
+    if unnamed:
+        raise ValueError(f"blob {min(unnamed)[:16]} is named by no entry")
     _check_amplification(entries, limits, file_size)
     tcs = obj.get("toolchains") or {}
     producer = obj.get("producer") or {}

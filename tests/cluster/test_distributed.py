@@ -100,10 +100,12 @@ def test_real_fa4_forward_backward_compiles_once_per_job(tmp_path: Path) -> None
     ranks = torchrun(tmp_path, 2, "real", timeout=300)
     first, second = (r["real"] for r in ranks)
     assert first["compiles"] + second["compiles"] == 4, ranks  # fwd, bwd_preprocess, bwd, postprocess
-    assert min(first["compiles"], second["compiles"]) == 0, ranks
-    fetched, compiled = (first, second) if first["remote_hits"] else (second, first)
-    assert fetched["remote_hits"] == 4 and fetched["fetch_seconds"] < 4 * 0.15, ranks
-    assert compiled["served"] == 4 and fetched["served"] == 0, ranks  # in `fa4cache stats`' served
+    # Each kernel once in the job, whichever rank claimed it (both start together: on a loaded
+    # machine the second claims the kernels the first has not reached yet).
+    for r in (first, second):
+        assert r["compiles"] + r["remote_hits"] == 4, ranks
+        assert r["fetch_seconds"] < max(r["remote_hits"], 1) * 0.15, ranks
+        assert r["served"] == r["compiles"], ranks  # in `fa4cache stats`' served
 
 
 # -- in one process, no job --------------------------------------------------------------

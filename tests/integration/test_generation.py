@@ -717,8 +717,17 @@ def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         seen["reads"] -= mask is not None
         return mask
 
+    real_known = one_row_decode.not_all_ones
+
+    def known(mask: Any) -> Any:  # an answer kept without a read (the hook's static slots)
+        before = one_row_decode._known.get(id(mask))
+        out = real_known(mask)
+        seen["reads"] -= one_row_decode._known.get(id(mask)) is not before
+        return out
+
     monkeypatch.setattr(one_row_decode, "forward", forward)
     monkeypatch.setattr(one_row_decode, "_keep", keep)
+    monkeypatch.setattr(one_row_decode, "not_all_ones", known)
     monkeypatch.setattr(one_row_decode, "mask_for_all_tokens", made)
     return seen
 
@@ -803,6 +812,24 @@ def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_
         run(ids, mask)  # inference tensors: no version to check the mask by
     monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
     run(ids, mask)
+
+
+def test_a_static_step_mask_the_hook_makes_is_not_read_back(fa4: Any, one_row: dict[str, int]) -> None:
+    # The hook's masks over a static buffer have empty slots (made from the cache's sizes, or
+    # transformers' mask padded to the buffer): known not to be all ones when made, a one-row
+    # step read them back from the device (a host sync) to learn it.
+    from fa4cache.adapters.transformers.masks import padding_mask
+    from transformers.masking_utils import causal_mask_function
+
+    from fa4cache.ops import one_row_decode
+
+    made = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, None, device=torch.device("cpu"))
+    padded = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool))
+    assert made.tolist() == [[True] * 10 + [False]] and padded.tolist() == [[True] * 10 + [False]]
+    assert not one_row_decode.all_ones(made) and not one_row_decode.all_ones(padded)
+    assert one_row["reads"] == 0, one_row
+    full = padding_mask(1, 1, 10, 9, 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool))
+    assert one_row_decode.all_ones(full) and one_row["reads"] == 1  # a mask it did not make: read once
 
 
 def test_a_one_row_decode_step_compiles_into_one_graph(fa4: Any, one_row: dict[str, int]) -> None:
@@ -1045,6 +1072,35 @@ def test_decoding_under_inference_mode_matches_no_grad(fa4: Any) -> None:
         got = _teacher_forced(m, ids, mask, follow, "dynamic")
     for t, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda s, t=t: f"step {t}: {s}")
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_right_padded_prefill_over_a_cache_is_refused(fa4: Any, kind: str) -> None:
+    # Over a cache (a static buffer; a dynamic cache's second chunk) a prefill's queries are
+    # aligned to each row's last token: with right padding the real tokens attended as if
+    # shifted (silently, on FA4 and in the fallback). Now refused on the device by name.
+    from transformers import DynamicCache
+
+    cfg = _configs()["llama-gqa"]
+    m, ref = _model(cfg, "fa4cache"), _model(cfg, "eager")
+    ids = torch.randint(1, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(SEED + 51))
+    right = torch.ones(2, 8, dtype=torch.long)
+    right[1, 6:] = 0
+    left = right.flip(1)
+
+    def run(model: Any, mask: Any) -> Any:
+        cache = _cache(kind, cfg, 16) if kind == "static" else DynamicCache(config=cfg)
+        if kind == "dynamic":  # a first chunk of two tokens, then the rest over the cache
+            model(input_ids=ids[:, :2], attention_mask=mask[:, :2], **{CACHE: cache})
+            return model(input_ids=ids[:, 2:], attention_mask=mask, **{CACHE: cache}).logits
+        return model(input_ids=ids, attention_mask=mask, **{CACHE: cache}).logits
+
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="right padding.*padding_side='left'"):
+            run(m, right)
+        got, want = run(m, left), run(ref, left)
+    keep = left[:, -got.shape[1] :].bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "t5"])

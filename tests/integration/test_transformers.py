@@ -629,6 +629,120 @@ def test_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(ad
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
+def test_bert_style_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(adapter: Any) -> None:
+    # BERT's cross-attention layers (and T5Gemma's, Dia's, GPT-2's) carry no is_decoder: with the
+    # decoder as long as the padded encoder, the encoder's mask was read as the decoder's documents.
+    from transformers import BertConfig, BertLMHeadModel
+
+    cfg = BertConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, is_decoder=True, add_cross_attention=True)  # fmt: skip
+    ref, got = _pair(BertLMHeadModel, cfg)
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 97, (3, 12), generator=g)
+    enc = torch.randn(3, 12, 64, generator=g)
+    enc_mask = torch.ones(3, 12, dtype=torch.long)
+    enc_mask[1, : int(torch.randint(1, 8, (), generator=g))] = 0
+    enc_mask[2, int(torch.randint(4, 11, (), generator=g)) :] = 0
+    with torch.no_grad():
+        a = ref(input_ids=ids, encoder_hidden_states=enc, encoder_attention_mask=enc_mask).logits
+        b = got(input_ids=ids, encoder_hidden_states=enc, encoder_attention_mask=enc_mask).logits
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_esmc_chains_stay_apart(adapter: Any) -> None:
+    # ESMC passes its chains as an and_mask_function of packed documents: transformers' own
+    # rule, but from the model's sequence_id, not position_ids (the chains attended each other).
+    from transformers import EsmcConfig, EsmcModel
+
+    cfg = EsmcConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ref, got = _pair(EsmcModel, cfg)
+    ids = torch.randint(4, 30, (2, 10), generator=torch.Generator().manual_seed(4))
+    chains = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    with torch.no_grad():
+        a = ref(input_ids=ids, sequence_id=chains).last_hidden_state
+        b = got(input_ids=ids, sequence_id=chains).last_hidden_state
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_a_flattened_batch_keeps_llama4_chunks(adapter: Any) -> None:
+    # A flattening collator's cu_seq_lens beside the hook's 4-D mask (Llama 4's chunks): the
+    # layer warned that it ran through PyTorch, then ran FA4's plain causal documents.
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    cfg = Llama4TextConfig(
+        hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=97, attention_chunk_size=4,
+        num_local_experts=2, num_experts_per_tok=1, no_rope_layers=[1, 1], interleave_moe_layer_step=1,
+        layer_types=["chunked_attention", "chunked_attention"],
+    )  # fmt: skip
+    ref, got = _pair(Llama4ForCausalLM, cfg)
+    lens = [7, 9]
+    ids = torch.randint(3, 97, (1, sum(lens)), generator=torch.Generator().manual_seed(5))
+    pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32)
+    flat = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+    with torch.no_grad():  # (eager reads the packing from position_ids; Llama 4's scaling
+        # of queries by position is by index, so documents alone are no reference)
+        b = got(input_ids=ids, position_ids=pos, **flat).logits
+        a = ref(input_ids=ids, position_ids=pos).logits
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_gemma3_image_tokens_see_each_other_when_compiled(adapter: Any, caplog: Any) -> None:
+    # Traced, the hook cannot open transformers' closures: it read nothing there and ran the
+    # image tokens as plain causal. It now reads the rule's name (an "or" at the top) and, for
+    # packed documents of a family that passes block_sequence_ids, keeps transformers' mask.
+    # The warning is deferred past the graph (logging inside one refused fullgraph).
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    cfg = Gemma3Config(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=300, sliding_window=16,
+                         query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298,
+    )  # fmt: skip
+    ref, got = _pair(Gemma3ForConditionalGeneration, cfg)
+    fht, _ = adapter
+    fht._warned.clear()
+    emb = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(6))
+    types = torch.zeros(2, 12, dtype=torch.long)
+    types[:, 3:7] = 1
+    att = torch.ones(2, 12, dtype=torch.long)
+    keep = att.bool()
+    pos = torch.tensor([list(range(5)) + list(range(7))] * 2)  # two documents a row: packed
+    torch._dynamo.reset()
+    run = torch.compile(got, fullgraph=True, backend="eager")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
+        for kw in ({"attention_mask": att}, {"position_ids": pos}):
+            a = ref(inputs_embeds=emb, token_type_ids=types, **kw).logits
+            b = run(inputs_embeds=emb, token_type_ids=types, **kw).logits
+            torch.testing.assert_close(b[keep], a[keep], atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    assert [r for r in caplog.records if "runs through PyTorch" in r.getMessage()], caplog.records
+
+
+def test_rows_made_under_inference_mode_do_not_reach_training(adapter: Any) -> None:
+    # One document per row (no mask): the offsets were kept from an inference_mode call, and a
+    # training step with the same shape could not save them for backward.
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+                    image_size=32, patch_size=8)  # fmt: skip
+    _, got = _pair(ViTModel, cfg)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        got(pixel_values=x)
+    got.train()
+    got(pixel_values=x).last_hidden_state.sum().backward()
+    with torch.inference_mode():
+        got(pixel_values=x)
+    got(pixel_values=x).last_hidden_state.sum().backward()  # and the other way round
+
+
 def test_a_mask_with_a_gap_is_refused_not_read_as_two_documents(adapter: Any) -> None:
     # A token masked out between tokens: read as two documents before (0.4 off eager's logits),
     # now refused by name (finding it on the host would be a sync in every forward).

@@ -164,6 +164,30 @@ def test_a_bundle_of_the_previous_format_is_refused_with_the_fix(tmp_path: Path)
         import_bundle(Store(cache_dir=tmp_path / "b"), old)
 
 
+def test_a_blob_no_entry_names_is_refused(tmp_path: Path) -> None:
+    # An import reads only the blobs its entries name: one more in the table (a hand-made
+    # bundle) would be bytes inside the file that no check covers.
+    _fill(tmp_path / "a", [1, 2])
+    good = tmp_path / "k.fa4b"
+    export_bundle(tmp_path / "a", good)
+    raw = good.read_bytes()
+    mlen = struct.unpack_from("<Q", raw, 8)[0]
+    obj = json.loads(zlib.decompress(raw[48 : 48 + mlen]))
+    named = {e["sidecar"]["sha256"] for e in obj["entries"]}
+    assert named == {b["sha256"] for b in obj["blobs"]}
+    assert len(named) > 1
+    dropped = obj["entries"][0]["sidecar"]["sha256"]  # every entry of one blob leaves
+    obj["entries"] = [e for e in obj["entries"] if e["sidecar"]["sha256"] != dropped]
+    packed = zlib.compress(json.dumps(obj).encode())
+    bad = tmp_path / "bad.fa4b"
+    bad.write_bytes(
+        raw[:8] + struct.pack("<Q", len(packed)) + hashlib.sha256(packed).digest() + packed + raw[48 + mlen :]
+    )
+    with pytest.raises(BundleError, match=f"blob {dropped[:16]} is named by no entry"):
+        import_bundle(Store(cache_dir=tmp_path / "b"), bad)
+    assert not (tmp_path / "b").exists() or _entries(tmp_path / "b") == set()
+
+
 def test_a_truncated_or_extended_bundle_is_refused_naming_the_entry(tmp_path: Path) -> None:
     rng = _seed()
     blob, m, store, bad = _exported(tmp_path, [1, 2])

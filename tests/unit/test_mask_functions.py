@@ -60,11 +60,37 @@ def test_rules_it_does_not_are_named(rule: Any, named: str) -> None:
     assert why is not None and named in why, why
 
 
-def test_while_tracing_the_hooks_arguments_tell() -> None:
+def test_while_tracing_the_rules_name_and_the_hooks_arguments_tell() -> None:
     chunked = SimpleNamespace(attention_chunk_size=8)
-    assert "own mask function" in not_computed_while_tracing({"use_vmap": True})
-    assert "chunked" in not_computed_while_tracing({"config": chunked, "local_size": 8})
-    assert (
-        not_computed_while_tracing({"config": SimpleNamespace(), "local_size": 8, "use_vmap": False}) is None
-    )
-    assert not_computed_while_tracing({"config": chunked, "local_size": None}) is None
+    traced = not_computed_while_tracing
+    plain = {"config": SimpleNamespace(), "use_vmap": False, "allow_is_causal_skip": True}
+    assert "own mask function" in traced(mu.causal_mask_function, 8, {"use_vmap": True})
+    assert "chunked" in traced(mu.causal_mask_function, 8, {"config": chunked, "local_size": 8})
+    assert traced(mu.sliding_window_causal_mask_function(8), 8, {**plain, "local_size": 8}) is None
+    assert traced(mu.causal_mask_function, 8, {"config": chunked, "local_size": None}) is None
+    bidir = {**plain, "local_size": 4, "allow_is_bidirectional_skip": True}
+    assert "bidirectional sliding" in traced(mu.sliding_window_bidirectional_mask_function(4), 8, bidir)
+    # An "or" at the top (image blocks, or_mask_function) is read from its name alone.
+    blocks = mu.or_masks(mu.causal_mask_function, mu.blockwise_overlay(torch.zeros(1, 8, dtype=torch.long)))
+    assert "widened" in traced(blocks, 8, plain)
+    # Packed documents hide what is under them: kept as transformers' mask for a family with
+    # image blocks, not for others, nor for a decode step (its new token is text).
+    packed = mu.and_masks(blocks, mu.packed_sequence_mask_function(torch.zeros(1, 8)))
+    gemma = {**plain, "allow_is_causal_skip": False, "config": SimpleNamespace(model_type="gemma3_text")}
+    assert "block_sequence_ids" in traced(packed, 8, gemma)
+    assert traced(packed, 1, gemma) is None
+    assert traced(packed, 8, {**gemma, "config": SimpleNamespace(model_type="llama")}) is None
+
+
+def test_every_family_that_passes_block_sequence_ids_is_known() -> None:
+    # A family added to transformers with image blocks would be read as plain packed documents
+    # while compiling: this fails first.
+    from pathlib import Path
+
+    import transformers
+    from fa4cache.adapters.transformers.mask_functions import BLOCK_FAMILIES
+
+    models = Path(transformers.__file__).parent / "models"
+    users = {p.parent.name for p in models.glob("*/modeling_*.py") if "block_sequence_ids" in p.read_text()}
+    assert users, "transformers no longer names block_sequence_ids: read mask_functions.py again"
+    assert users <= set(BLOCK_FAMILIES), sorted(users - set(BLOCK_FAMILIES))
