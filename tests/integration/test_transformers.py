@@ -556,15 +556,34 @@ def _same_generation(ref: Any, got: Any, **inputs: Any) -> None:
     torch.testing.assert_close(torch.stack(b.logits), torch.stack(a.logits), atol=1e-4, rtol=1e-4)
 
 
-def test_llama4_chunked_attention_keeps_its_chunks(adapter: Any) -> None:
-    from transformers import Llama4ForCausalLM, Llama4TextConfig
+def _llama4_chunked() -> Any:
+    from transformers import Llama4TextConfig
 
-    cfg = Llama4TextConfig(
+    return Llama4TextConfig(
         hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=97, attention_chunk_size=4,
         num_local_experts=2, num_experts_per_tok=1, no_rope_layers=[1, 1], interleave_moe_layer_step=1,
         layer_types=["chunked_attention", "chunked_attention"],
     )  # fmt: skip
+
+
+def _gemma3_with_images() -> Any:
+    from transformers import Gemma3Config
+
+    return Gemma3Config(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=300, sliding_window=16,
+                         query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298,
+    )  # fmt: skip
+
+
+def test_llama4_chunked_attention_keeps_its_chunks(adapter: Any) -> None:
+    from transformers import Llama4ForCausalLM
+
+    cfg = _llama4_chunked()
     ref, got = _pair(Llama4ForCausalLM, cfg)
     ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(1))
     att = torch.ones(2, 12, dtype=torch.long)
@@ -576,16 +595,9 @@ def test_llama4_chunked_attention_keeps_its_chunks(adapter: Any) -> None:
 
 
 def test_gemma3_image_tokens_see_each_other(adapter: Any) -> None:
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from transformers import Gemma3ForConditionalGeneration
 
-    cfg = Gemma3Config(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=300, sliding_window=16,
-                         query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=28, patch_size=14),
-        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298,
-    )  # fmt: skip
+    cfg = _gemma3_with_images()
     ref, got = _pair(Gemma3ForConditionalGeneration, cfg)
     emb = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(2))
     types = torch.zeros(2, 12, dtype=torch.long)
@@ -669,14 +681,9 @@ def test_esmc_chains_stay_apart(adapter: Any) -> None:
 def test_a_flattened_batch_keeps_llama4_chunks(adapter: Any) -> None:
     # A flattening collator's cu_seq_lens beside the hook's 4-D mask (Llama 4's chunks): the
     # layer warned that it ran through PyTorch, then ran FA4's plain causal documents.
-    from transformers import Llama4ForCausalLM, Llama4TextConfig
+    from transformers import Llama4ForCausalLM
 
-    cfg = Llama4TextConfig(
-        hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=97, attention_chunk_size=4,
-        num_local_experts=2, num_experts_per_tok=1, no_rope_layers=[1, 1], interleave_moe_layer_step=1,
-        layer_types=["chunked_attention", "chunked_attention"],
-    )  # fmt: skip
+    cfg = _llama4_chunked()
     ref, got = _pair(Llama4ForCausalLM, cfg)
     lens = [7, 9]
     ids = torch.randint(3, 97, (1, sum(lens)), generator=torch.Generator().manual_seed(5))
@@ -695,16 +702,9 @@ def test_gemma3_image_tokens_see_each_other_when_compiled(adapter: Any, caplog: 
     # image tokens as plain causal. It now reads the rule's name (an "or" at the top) and, for
     # packed documents of a family that passes block_sequence_ids, keeps transformers' mask.
     # The warning is deferred past the graph (logging inside one refused fullgraph).
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from transformers import Gemma3ForConditionalGeneration
 
-    cfg = Gemma3Config(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=300, sliding_window=16,
-                         query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=28, patch_size=14),
-        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298,
-    )  # fmt: skip
+    cfg = _gemma3_with_images()
     ref, got = _pair(Gemma3ForConditionalGeneration, cfg)
     fht, _ = adapter
     fht._warned.clear()
