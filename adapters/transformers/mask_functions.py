@@ -125,13 +125,44 @@ def vmap_reason(kwargs: dict[str, Any]) -> str | None:
 
 
 # The model families whose mask makers take ``block_sequence_ids`` (transformers 5.24;
-# tests/integration/test_transformers_masks.py fails when a new one appears).
+# tests/unit/test_mask_functions.py fails when a new one appears).
 BLOCK_FAMILIES = (
-    "deepseek_ocr2", "diffusion_gemma", "gemma3", "gemma4", "gemma4_unified", "git", "hrm_text", "molmo2",
-    "paligemma", "pi0", "unlimited_ocr",
+    "deepseek_ocr2", "diffusion_gemma", "gemma3", "gemma4", "gemma4_unified", "git", "hrm_text",
+    "molmo2", "paligemma", "pi0", "unlimited_ocr",
 )  # fmt: skip
+# The configs of models of those families built with "fa4cache" (id -> weak reference): a
+# wrapper hands its mask maker a text config of another family's type (PaliGemma's is
+# Gemma's), so the config object itself is what is known. (dynamo reads ids and weak
+# references; a config cannot be hashed.)
+_BLOCK_CONFIGS: dict[int, Any] = {}
+
+
+def mark_block_family(model: Any) -> None:
+    """Remember ``model``'s configs (its own and those it holds) if its class is one of
+    :data:`BLOCK_FAMILIES`' (a subclass of one counts)."""
+    import weakref
+
+    families = {
+        c.__module__.split(".")[2] for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")
+    }
+    if not families & set(BLOCK_FAMILIES):
+        return
+    for dead in [k for k, ref in _BLOCK_CONFIGS.items() if ref() is None]:
+        del _BLOCK_CONFIGS[dead]
+    config = getattr(model, "config", None)
+    for c in (config, *(v for v in vars(config).values() if _is_config(v))) if config is not None else ():
+        _BLOCK_CONFIGS[id(c)] = weakref.ref(c)
+
+
+def _is_config(v: Any) -> bool:
+    from transformers import PretrainedConfig
+
+    return isinstance(v, PretrainedConfig)
 
 
 def block_family(config: Any) -> bool:
+    ref = _BLOCK_CONFIGS.get(id(config))
+    if ref is not None and ref() is config:
+        return True
     model_type = getattr(config, "model_type", None) or ""
     return any(model_type == f or model_type.startswith(f + "_") for f in BLOCK_FAMILIES)  # gemma3_text

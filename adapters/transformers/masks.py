@@ -58,16 +58,15 @@ def padding_mask(
         return None
     if attention_mask.dim() != 2:
         return attention_mask
+    over_a_cache = attention_mask.shape[1] > q_length or kv_length > attention_mask.shape[1]
+    if q_length > 1 and over_a_cache and not _bidirectional(mask_function):  # a prefill over a cache
+        _refuse_right_padding(attention_mask, q_offset + q_length - 1)
     if kv_length > attention_mask.shape[1]:
         import torch
 
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
-        out = one_row_decode.not_all_ones(torch.cat((attention_mask, tail), 1))
-    else:
-        out = attention_mask[:, -kv_length:]
-    if 1 < q_length < kv_length and kwargs.get("local_size") is None and not _bidirectional(mask_function):
-        _refuse_right_padding(out, q_offset + q_length - 1 - kv_offset)
-    return out
+        return one_row_decode.not_all_ones(torch.cat((attention_mask, tail), 1))
+    return attention_mask[:, -kv_length:]
 
 
 _RIGHT_PADDED = (
@@ -78,15 +77,21 @@ _RIGHT_PADDED = (
 
 def _refuse_right_padding(mask: Any, newest: Any) -> None:
     """A prefill over a cache (a static buffer, a chunk after earlier ones) aligns each row's
-    queries to its last token: with right padding that is not the newest slot, and the real
-    tokens would attend as if shifted. Refused on the device, where the mask is (no sync;
-    ``newest``, the slot of the step's last token, may be a tensor). Without a cache the
-    packed path reads right padding as it is; a decode step sees it as a gap."""
+    queries to its last token: with right padding that is not the newest position, and the
+    real tokens would attend as if shifted. ``mask`` is transformers' 2-D mask, one column per
+    position (every layer kind, sliding ones too), ``newest`` the step's last position (a
+    tensor for a static cache). A row whose newest position is padding after a token is
+    refused on the device (no sync); one with no token yet (a long left padding, chunk by
+    chunk) is not. Without a cache the packed path reads right padding as it is; a decode
+    step sees it as a gap."""
     import torch
 
-    slot = torch.as_tensor(newest, device=mask.device).to(torch.long).clamp(0, mask.shape[1] - 1)
-    slot = slot.reshape(1, 1).expand(mask.shape[0], 1)
-    torch._assert_async(mask.gather(1, slot).to(torch.bool).all(), _RIGHT_PADDED)
+    last = torch.as_tensor(newest, device=mask.device).to(torch.long).clamp(0, mask.shape[1] - 1)
+    m = mask.to(torch.bool)
+    newest_is_token = m.gather(1, last.reshape(1, 1).expand(m.shape[0], 1)).squeeze(1)
+    slots = torch.arange(m.shape[1], device=m.device)
+    a_token_before = (m & (slots <= last)).any(1)
+    torch._assert_async((newest_is_token | ~a_token_before).all(), _RIGHT_PADDED)
 
 
 def _bidirectional(mask_function: Any) -> bool:

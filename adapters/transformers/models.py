@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import NAMES, patch_once
+from .mask_functions import mark_block_family
 
 
 def _uses_the_interface(cls: type) -> bool:
@@ -27,6 +28,8 @@ def refuse_models_outside_the_interface() -> None:
     def wrap(fn: Any) -> Any:
         def get_correct_attn_implementation(self: Any, requested_attention: Any, *args: Any, **kwargs: Any) -> Any:
             chosen = fn(self, requested_attention, *args, **kwargs)
+            if chosen in NAMES:
+                mark_block_family(self)  # (what the mask hook cannot tell while compiling)
             if chosen in NAMES and not _uses_the_interface(type(self)):
                 raise ValueError(
                     f"fa4cache attention: {type(self).__name__} has attention code of its own and does not "

@@ -67,8 +67,8 @@ def not_all_ones(mask: Any) -> Any:
     buffer: its later slots are empty), so that :func:`all_ones` costs no sync for it."""
     import torch
 
-    if not torch.compiler.is_compiling() and mask.dim() == 2 and mask.shape[0] == 1:
-        _keep(mask, False)
+    if not torch.compiler.is_compiling() and mask.dim() == 2 and mask.shape[0] == 1 and not mask.is_inference():
+        _keep(mask, False)  # (an inference tensor has no version to keep the answer by)
     return mask
 
 

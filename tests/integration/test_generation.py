@@ -1099,8 +1099,18 @@ def test_a_right_padded_prefill_over_a_cache_is_refused(fa4: Any, kind: str) -> 
         with pytest.raises(RuntimeError, match="right padding.*padding_side='left'"):
             run(m, right)
         got, want = run(m, left), run(ref, left)
-    keep = left[:, -got.shape[1] :].bool()
-    torch.testing.assert_close(got[keep], want[keep], atol=2e-5, rtol=2e-5)
+        keep = left[:, -got.shape[1] :].bool()
+        torch.testing.assert_close(got[keep], want[keep], atol=2e-5, rtol=2e-5)
+        # A row still all padding when a chunk ends (its tokens start in a later chunk) is
+        # left padding, not right: never refused, in chunks of 2, 3 or 5 tokens.
+        long_left = torch.ones(2, 8, dtype=torch.long)
+        long_left[1, :6] = 0
+        for first in (2, 3, 5):
+            cache = DynamicCache(config=cfg) if kind == "dynamic" else _cache(kind, cfg, 16)
+            for a, b in ((0, first), (first, 8)):
+                m(input_ids=ids[:, a:b], attention_mask=long_left[:, :b], **{CACHE: cache})
+        with torch.inference_mode():  # one row over a static buffer: its masks are inference tensors
+            m(input_ids=ids[:1], attention_mask=left[:1], **{CACHE: _cache("static", cfg, 16)})
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "t5"])

@@ -725,6 +725,34 @@ def test_gemma3_image_tokens_see_each_other_when_compiled(adapter: Any, caplog: 
     assert [r for r in caplog.records if "runs through PyTorch" in r.getMessage()], caplog.records
 
 
+def test_paligemma_prefix_is_bidirectional_when_compiled_and_packed(adapter: Any) -> None:
+    # PaliGemma hands its mask maker Gemma's text config (model_type "gemma"): the family is
+    # known by the config objects of the model built with "fa4cache", not by their type. Its
+    # prefix (token_type_ids 0) sees itself both ways; packed and compiled, it was causal.
+    from fa4cache.adapters.transformers.mask_functions import block_family
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+    cfg = PaliGemmaConfig(
+        text_config=dict(model_type="gemma", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, projection_dim=64),
+        image_token_index=299, projection_dim=64,
+    )  # fmt: skip
+    ref, got = _pair(PaliGemmaForConditionalGeneration, cfg)
+    assert block_family(got.config.get_text_config()) and not block_family(ref.config.get_text_config())
+    emb = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(8))
+    types = torch.tensor([[0] * 3 + [1] * 2 + [0] * 4 + [1] * 3])  # two documents: a prefix, then text
+    pos = torch.tensor([list(range(5)) + list(range(7))])
+    torch._dynamo.reset()
+    run = torch.compile(got, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        a = ref(inputs_embeds=emb, token_type_ids=types, position_ids=pos).logits
+        b = run(inputs_embeds=emb, token_type_ids=types, position_ids=pos).logits
+    torch._dynamo.reset()
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
 def test_rows_made_under_inference_mode_do_not_reach_training(adapter: Any) -> None:
     # One document per row (no mask): the offsets were kept from an inference_mode call, and a
     # training step with the same shape could not save them for backward.
