@@ -136,6 +136,14 @@ def _library_of_module(module: types.ModuleType) -> str | None:
     return library_label(getattr(module, "__file__", None) or "")
 
 
+def is_library_code(obj: Any) -> bool:
+    """Whether ``obj`` (a function, or any object by its class) is a library's (versioned by
+    the fingerprint), not the user's."""
+    if isinstance(obj, types.FunctionType):
+        return library_label(obj.__code__.co_filename) is not None
+    return _library_of_class(type(obj)) is not None
+
+
 def _library_of_class(cls: type) -> str | None:
     if cls.__module__ == "builtins":
         return "builtins"
@@ -188,8 +196,9 @@ def function_source(fn: types.FunctionType) -> str:
     filename = code.co_filename
     stamp = _stamp(filename)
     if stamp is None:
-        # No file (REPL, exec): the bytecode, which names the code for this Python only.
-        return f"bytecode-{_PY}:{code.co_code.hex()}:{_consts_text(code)}"
+        # No file (REPL, exec, a notebook cell): the bytecode, which names the code for this
+        # Python only, with the names it reads (si.seqlen_q and si.seqlen_k share bytecode).
+        return _bytecode_text(code)
     linecache.checkcache(filename)
     if _code_sig(code) not in _compiled_file(filename, stamp):
         raise UnkeyableCode(
@@ -199,9 +208,15 @@ def function_source(fn: types.FunctionType) -> str:
             fix="restart the process (or reload the module) after editing it",
         )
     try:
-        return textwrap.dedent(inspect.getsource(fn))
+        # The code object's own source: inspect.getsource(fn) follows __wrapped__, so a
+        # functools.wraps decorator's own code (its m_idx + 5) was never read.
+        return textwrap.dedent(inspect.getsource(code))
     except (OSError, TypeError):
-        return f"bytecode-{_PY}:{code.co_code.hex()}:{_consts_text(code)}"
+        return _bytecode_text(code)
+
+
+def _bytecode_text(code: types.CodeType) -> str:
+    return f"bytecode-{_PY}:{code.co_flags}:{code.co_code.hex()}:{_consts_text(code)}:{code.co_names!r}"
 
 
 def _code_sig(code: types.CodeType) -> tuple[Any, ...]:
@@ -217,6 +232,8 @@ def _consts_text(code: types.CodeType) -> str:
 # --------------------------------------------------------------------------- what code reads
 
 _LOAD_GLOBAL = {"LOAD_GLOBAL", "LOAD_NAME"}
+# Builtins that read variables by a string (globals()["OFF"]): what they read is no read above.
+_LOOKUPS_BY_STRING = frozenset({"globals", "vars", "locals", "eval", "exec", "__import__"})
 _LOAD_FREE = {"LOAD_DEREF", "LOAD_CLASSDEREF"}
 _ATTR = {"LOAD_ATTR", "LOAD_METHOD"}
 
@@ -323,8 +340,8 @@ def _is_mutable(value: Any) -> bool:
         return True
     if isinstance(value, types.MethodType):
         return _is_mutable(value.__self__)
-    if isinstance(value, (type, types.ModuleType)) or callable(value):
-        return False
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+        return False  # (a callable object's attributes can change: mask.k = 6)
     if is_dataclass(value):
         return not type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
     return isinstance(getattr(value, "__dict__", None), dict)
@@ -419,7 +436,9 @@ class _Walker:
         if tmod == "torch" and tname in ("dtype", "device"):
             return f"torch.{tname}:{v}"
         wrapped = getattr(v, "__wrapped__", None)
-        if isinstance(wrapped, types.FunctionType):  # a cute.jit or functools.wraps wrapper
+        if isinstance(wrapped, types.FunctionType) and _library_of_class(type(v)) is not None:
+            # A library's wrapper object (cute.jit's): what it wraps counts. A user's wrapper
+            # class is an object like any other below: its attributes count too.
             return f"wrapped:{self.value(type(v), where, depth + 1)}:{self.function_ref(wrapped, where)}"
         if is_dataclass(v):
             inner = ",".join(
@@ -467,6 +486,8 @@ class _Walker:
             snapshot = dict(vars(klass))
             self.check(lambda k=klass, snap=snapshot: dict(vars(k)) == snap or _MISSING, True)
             for attr, member in sorted(snapshot.items()):
+                if not attr.startswith("__") and _is_mutable(member):  # Cls.OFFS[0] = 4: in place
+                    self.check(_get_attr(klass, attr), member)
                 text = self.member(member, f"{name}.{attr}")
                 if text is not None:
                     self.feed("attr", klass.__qualname__, attr, text)
@@ -562,6 +583,12 @@ class _Walker:
                 if r.name not in builtins:
                     self.feed("undefined", r.name)  # a NameError at trace time, as in any run
                     return
+                if r.name in _LOOKUPS_BY_STRING:
+                    raise UnkeyableCode(
+                        f"{name} calls {r.name}(): the names it looks up by string are not visible to fa4cache",
+                        name=name,
+                        fix="read the values by name (NAME, module.NAME) instead",
+                    )
                 base, get = builtins[r.name], _get_item(builtins, r.name)
                 g = builtins
             where_key: tuple[Any, ...] = ("g", id(g), r.name)
@@ -594,6 +621,9 @@ class _Walker:
         self.feed("read", r.scope, r.name, ".".join(r.attrs), text)
 
     def run(self, fn: Any, extra: tuple[str, ...]) -> Identity:
+        # The root itself, re-encoded at each check where it can change in place (a mask
+        # object's attribute, a partial's keywords, a bound method's self).
+        self.check(lambda: fn, fn)
         self.feed("root", self.value(fn, _name_of(fn), 0, root=True))
         while self.todo:
             f, _ = self.todo.pop(0)

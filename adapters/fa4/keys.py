@@ -29,7 +29,7 @@ import weakref
 from typing import Any
 
 from fa4cache.errors import UnkeyableCode
-from fa4cache.identity import MEMORY_ONLY, current_digest
+from fa4cache.identity import MEMORY_ONLY, current_digest, is_library_code
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,10 @@ def _memory_only(func: Any, err: UnkeyableCode) -> str:
 def base_hash(func: Any) -> str:
     """The store-worthy identity of a mask_mod / score_mod (see the module docstring)."""
     base = getattr(func, "__wrapped__", func)
+    # What the wrapped function says of itself stands for a library's wrapper (cute.jit's),
+    # not for a user's (its own code and state are more than the function it wraps).
+    if base is not func and not is_library_code(func):
+        base = func
     for f in (func, base):
         live = getattr(f, "__fa4cache_identity__", None)
         if callable(live):

@@ -8,6 +8,7 @@ with modules written to disk and imported as user code is.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -92,6 +93,97 @@ def test_a_helper_redefined_at_run_time_changes_the_identity(pkg: Any) -> None:
     with pytest.raises(UnkeyableCode, match="changed on disk"):
         # Its code is not the file's: no source describes it.
         identity(m.mask)
+
+
+def test_wrappers_no_source_and_lookups_by_string_change_the_key(pkg: Any) -> None:
+    # An adversarial review's holes: each pair of variants once had one digest, and a second
+    # process loaded the first one's kernel (proven with real FA4 compiles for the first).
+    wrapper = """
+        import functools
+        def shift(fn):
+            @functools.wraps(fn)
+            def wrapper(b, h, q, kv, si, aux):
+                return fn(b, h, q + {k}, kv, si, aux)
+            return wrapper
+        @shift
+        def mask_mod(b, h, q, kv, si, aux):
+            return kv <= q
+        """
+    by_class = """
+        import functools
+        class Shift:
+            def __init__(self, fn, k):
+                functools.update_wrapper(self, fn)
+                self.k = k
+            def __call__(self, b, h, q, kv, si, aux):
+                return self.__wrapped__(b, h, q + self.k, kv, si, aux)
+        def base(b, h, q, kv, si, aux):
+            return kv <= q
+        mask_mod = Shift(base, {k})
+        """
+    for n, text in enumerate((wrapper, by_class)):
+        a, b = (identity(pkg(f"idw_{n}_{k}", text.format(k=k)).mask_mod).digest for k in (5, 6))
+        assert a != b, n  # the wrapper's own code (functools.wraps), its attributes (a class)
+    # No source file (exec, a notebook cell): the names the bytecode reads count too.
+    exec_fns = []
+    for attr in ("seqlen_q", "seqlen_k"):
+        ns: dict[str, Any] = {}
+        exec(f"def mask_mod(b, h, q, kv, si, aux):\n    return kv <= si.{attr}\n", ns)  # noqa: S102
+        exec_fns.append(identity(ns["mask_mod"]).digest)
+    assert exec_fns[0] != exec_fns[1]
+    looks_up = pkg("idw_globals", "OFF = 5\ndef mask_mod(b, h, q, kv, si, aux):\n    return kv <= q + globals()['OFF']\n")
+    with pytest.raises(UnkeyableCode, match="calls globals.*by name"):
+        identity(looks_up.mask_mod)
+
+
+def test_a_user_wrapper_does_not_borrow_the_wrapped_functions_explicit_key() -> None:
+    from fa4cache.adapters.fa4.keys import base_hash
+
+    class Shift:
+        def __init__(self, fn: Any, k: int) -> None:
+            self.__wrapped__, self.k = fn, k
+
+        def __call__(self, *a: Any) -> Any:
+            return self.__wrapped__(*a)
+
+    def base(b: Any, h: Any, q: Any, kv: Any, si: Any, aux: Any) -> Any:
+        return kv <= q
+
+    base.__cute_hash__ = "my-mask-v1"  # type: ignore[attr-defined]
+    assert base_hash(base) == "explicit:my-mask-v1"
+    assert base_hash(Shift(base, 5)) != base_hash(Shift(base, 6))
+
+
+def test_in_place_changes_of_the_root_and_of_class_attributes_are_seen(pkg: Any) -> None:
+    m = pkg(
+        "idm_main",
+        """
+        import functools
+        class M:
+            OFFS = [3]
+            def __init__(self, k):
+                self.k = k
+            def __call__(self, b, h, q, kv, si, aux):
+                return kv <= q + self.k + self.OFFS[0]
+            def meth(self, b, h, q, kv, si, aux):
+                return kv <= q + self.k
+        def part(b, h, q, kv, si, aux, off):
+            return kv <= q + off
+        """,
+    )
+    obj, holder = m.M(5), m.M(5)
+    partial = functools.partial(m.part, off=5)
+    changes = [
+        (obj, lambda: setattr(obj, "k", 6)),  # a mask object's attribute
+        (obj, lambda: m.M.OFFS.__setitem__(0, 4)),  # a class attribute edited in place
+        (holder.meth, lambda: setattr(holder, "k", 6)),  # a bound method's self
+        (partial, lambda: partial.keywords.__setitem__("off", 6)),  # a partial's keywords
+    ]
+    for n, (fn, change) in enumerate(changes):
+        before = current(fn)
+        change()
+        assert not before.valid(), n
+        assert current(fn).digest == identity(fn).digest != before.digest, n
 
 
 def test_library_is_judged_by_files_not_by_name(pkg: Any) -> None:
