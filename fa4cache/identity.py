@@ -27,6 +27,7 @@ redefined); :func:`current_digest` recomputes then. No digest outlives what it c
 
 from __future__ import annotations
 
+import collections
 import dis
 import enum
 import functools
@@ -226,7 +227,15 @@ def _code_sig(code: types.CodeType) -> tuple[Any, ...]:
 
 def _consts_text(code: types.CodeType) -> str:
     # Nested code (an inner mask_mod, a lambda) by its own signature: edited inside, it differs.
-    return repr([_code_sig(c) if isinstance(c, types.CodeType) else c for c in code.co_consts])
+    return repr([_const_text(c) for c in code.co_consts])
+
+
+def _const_text(c: Any) -> Any:
+    if isinstance(c, types.CodeType):
+        return _code_sig(c)
+    if isinstance(c, frozenset):  # `x in {...}`: its repr's order follows the hash seed
+        return ("frozenset", sorted(repr(x) for x in c))
+    return c
 
 
 # --------------------------------------------------------------------------- what code reads
@@ -334,16 +343,23 @@ def _get_cell(cell: Any) -> Callable[[], Any]:
     return get
 
 
+def _same_members(now: Any, snapshot: dict[str, Any]) -> bool:
+    return len(now) == len(snapshot) and all(now.get(k, _MISSING) is v for k, v in snapshot.items())
+
+
 def _is_mutable(value: Any) -> bool:
     """Whether ``value`` can change without being replaced (its text is re-checked then)."""
     if isinstance(value, (list, dict, set, bytearray, functools.partial)):
         return True
+    if isinstance(value, tuple):  # ([5],): the list inside can change
+        return any(_is_mutable(x) for x in value)
     if isinstance(value, types.MethodType):
         return _is_mutable(value.__self__)
     if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
         return False  # (a callable object's attributes can change: mask.k = 6)
-    if is_dataclass(value):
-        return not type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
+    if is_dataclass(value) and not isinstance(value, type):
+        frozen = type(value).__dataclass_params__.frozen  # type: ignore[attr-defined]
+        return not frozen or any(_is_mutable(getattr(value, f.name)) for f in fields(value))
     return isinstance(getattr(value, "__dict__", None), dict)
 
 
@@ -398,7 +414,7 @@ class _Walker:
             return f"nt:{self.value(type(v), where, depth + 1)}({inner})"
         if isinstance(v, (tuple, list)):
             inner = ",".join(self.value(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
-            return f"{type(v).__name__}:[{inner}]"
+            return f"{type(v).__name__}{self.subclass(v, where, depth)}:[{inner}]"
         if isinstance(v, (set, frozenset)):
             return f"set:[{','.join(sorted(self.value(x, where + '{}', depth + 1) for x in v))}]"
         if isinstance(v, dict):
@@ -406,7 +422,10 @@ class _Walker:
                 f"{self.value(k, where + '.key', depth + 1)}={self.value(x, f'{where}[{k!r}]', depth + 1)}"
                 for k, x in v.items()
             )
-            return f"dict:{{{','.join(items)}}}"
+            factory = getattr(v, "default_factory", None) if isinstance(v, collections.defaultdict) else None
+            if factory is not None:
+                items.append(f"default_factory={self.value(factory, where + '.default_factory', depth + 1)}")
+            return f"dict{self.subclass(v, where, depth)}:{{{','.join(items)}}}"
         if isinstance(v, type):
             return self.klass(v, where)
         if isinstance(v, types.ModuleType):
@@ -432,6 +451,11 @@ class _Walker:
             owner = getattr(v, "__self__", None)
             if owner is None or isinstance(owner, types.ModuleType):
                 return f"builtin:{getattr(v, '__module__', None)}.{v.__qualname__}"
+        if isinstance(v, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            # dict.__getitem__, object.__setattr__: a builtin type's own method, by name.
+            owner = v.__objclass__
+            if owner.__module__ == "builtins":
+                return f"builtin:builtins.{v.__qualname__}"
         tmod, tname = type(v).__module__, type(v).__qualname__
         if tmod == "torch" and tname in ("dtype", "device"):
             return f"torch.{tname}:{v}"
@@ -441,9 +465,10 @@ class _Walker:
             # class is an object like any other below: its attributes count too.
             return f"wrapped:{self.value(type(v), where, depth + 1)}:{self.function_ref(wrapped, where)}"
         if is_dataclass(v):
-            inner = ",".join(
-                f"{f.name}={self.value(getattr(v, f.name), f'{where}.{f.name}', depth + 1)}" for f in fields(v)
-            )
+            names = [f.name for f in fields(v)]
+            # Attributes set beside the fields (CFG.extra = 5) count too: a method reads them.
+            names += sorted(k for k in getattr(v, "__dict__", {}) if k not in names)
+            inner = ",".join(f"{n}={self.value(getattr(v, n), f'{where}.{n}', depth + 1)}" for n in names)
             return f"dataclass:{self.klass(type(v), where)}({inner})"
         label = _library_of_class(type(v))
         state = getattr(v, "__dict__", None)
@@ -467,6 +492,12 @@ class _Walker:
             f"{where} is a {tmod}.{tname}, which fa4cache cannot key by value", name=where, fix=_FIX
         )
 
+    def subclass(self, v: Any, where: str, depth: int) -> str:
+        """A container of a subclass (its own __getitem__, __missing__): the class counts."""
+        if type(v) in (tuple, list, dict):
+            return ""
+        return "<" + self.value(type(v), where, depth + 1) + ">"
+
     def klass(self, cls: type, where: str) -> str:
         label = _library_of_class(cls)
         name = f"{cls.__module__}.{cls.__qualname__}"
@@ -484,31 +515,34 @@ class _Walker:
             if klass is object or _library_of_class(klass) is not None:
                 continue
             snapshot = dict(vars(klass))
-            self.check(lambda k=klass, snap=snapshot: dict(vars(k)) == snap or _MISSING, True)
+            # By identity, not ==: X = 1 -> 1.0 or True is equal, and traces another type.
+            self.check(lambda k=klass, snap=snapshot: _same_members(vars(k), snap) or _MISSING, True)
             for attr, member in sorted(snapshot.items()):
                 if not attr.startswith("__") and _is_mutable(member):  # Cls.OFFS[0] = 4: in place
                     self.check(_get_attr(klass, attr), member)
-                text = self.member(member, f"{name}.{attr}")
+                text = self.member(member, f"{name}.{attr}", generated_ok=is_dataclass(klass))
                 if text is not None:
                     self.feed("attr", klass.__qualname__, attr, text)
+        meta = type(cls)
+        if meta is not type and _library_of_class(meta) is None:  # type(self).OFF on a metaclass
+            self.feed("metaclass", self.klass(meta, f"type({name})"))
         return f"class:{name}"
 
-    def member(self, member: Any, where: str) -> str | None:
+    def member(self, member: Any, where: str, *, generated_ok: bool = False) -> str | None:
         if isinstance(member, (staticmethod, classmethod)):
             member = member.__func__
         if isinstance(member, property):
             return ",".join(self.member(a, where) or "-" for a in (member.fget, member.fset, member.fdel))
         if isinstance(member, types.FunctionType):
-            if member.__code__.co_filename.startswith("<") and member.__name__.startswith("__"):
-                return None  # generated (dataclass __init__, __eq__): the class source covers it
+            generated = member.__code__.co_filename.startswith("<") and member.__name__.startswith("__")
+            if generated and generated_ok:
+                return None  # a dataclass's __init__, __eq__: the class source covers it
             return self.function_ref(member, where)
         if where.rsplit(".", 1)[-1].startswith("__"):
             return None  # __dict__, __weakref__, __dataclass_fields__, __doc__: not read by kernels
-        try:
-            return self.value(member, where, 1)
-        except UnkeyableCode:
-            # A class attribute the kernel may never read: counted only where a chain reads it.
-            return f"opaque:{type(member).__module__}.{type(member).__qualname__}"
+        # A method may read it through self (self.H.OFF), which no chain follows: a value
+        # no key can hold makes the class unkeyable, as a global would.
+        return self.value(member, where, 1)
 
     # -- functions ----------------------------------------------------------------
     def function_ref(self, fn: types.FunctionType, where: str) -> str:
@@ -532,7 +566,7 @@ class _Walker:
         parts = []
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)
-            self.check(_get_attr(fn, attr), d, by_value=False)  # replaced, not edited in place
+            self.check(_get_attr(fn, attr), d)  # replaced, or edited in place (__kwdefaults__["off"])
             if d is not None:
                 parts.append(f"{attr}={self.value(d, f'{attr} of {name}', 1)}")
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
@@ -555,7 +589,7 @@ class _Walker:
         self.feed("function", name, function_source(fn))
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)
-            self.check(_get_attr(fn, attr), d, by_value=False)  # replaced, not edited in place
+            self.check(_get_attr(fn, attr), d)  # replaced, or edited in place (__kwdefaults__["off"])
             if d is not None:
                 self.feed(attr, self.value(d, f"{attr} of {name}", 1))
         cells = dict(zip(code.co_freevars, fn.__closure__ or ()))

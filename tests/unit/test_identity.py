@@ -12,6 +12,7 @@ import functools
 import importlib
 import logging
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -184,6 +185,106 @@ def test_in_place_changes_of_the_root_and_of_class_attributes_are_seen(pkg: Any)
         change()
         assert not before.valid(), n
         assert current(fn).digest == identity(fn).digest != before.digest, n
+
+
+@pytest.mark.parametrize(
+    ("helper", "kernel"),
+    [
+        # type(self).OFF on a metaclass defined in another module
+        ("class Meta(type):\n    OFF = {k}\n",
+         "from {h} import Meta\nclass M(metaclass=Meta):\n    def __call__(self, q, kv):\n        return kv <= q + type(self).OFF\nmask_mod = M()\n"),
+        # a defaultdict's default factory
+        ("def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b - {k}\n",
+         "import collections\nimport {h} as h\nOPS = collections.defaultdict(lambda: h.sub)\n"
+         "def mask_mod(q, kv):\n    return OPS['mul'](kv, q)\n"),
+        # a dict subclass's own lookup
+        ("class D(dict):\n    def __getitem__(self, k):\n        return dict.__getitem__(self, k) + {k}\nT = D(a=1)\n",
+         "from {h} import T\ndef mask_mod(q, kv):\n    return kv <= q + T['a']\n"),
+        # a dataclass attribute set beside its fields, read by its method
+        ("import dataclasses\n@dataclasses.dataclass\nclass C:\n    x: int\n    def off(self, q):\n        return q + self.extra\n"
+         "CFG = C(1)\nCFG.extra = {k}\n",
+         "from {h} import CFG\ndef mask_mod(q, kv):\n    return kv <= CFG.off(q)\n"),
+    ],
+)  # fmt: skip
+def test_values_reached_through_classes_and_containers_change_the_key(
+    tmp_path: Path, helper: str, kernel: str
+) -> None:
+    # A second adversarial pass: each pair once had one digest in two processes.
+    digests = []
+    for k in (5, 6):
+        d = tmp_path / str(k)
+        d.mkdir()
+        (d / "idc_h.py").write_text(helper.format(k=k))
+        (d / "idc_k.py").write_text(kernel.format(h="idc_h"))
+        code = f"import sys; sys.path.insert(0, {str(d)!r}); import idc_k; from fa4cache.identity import identity; print(identity(idc_k.mask_mod).digest)"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        digests.append(out.stdout.strip())
+    assert digests[0] != digests[1]
+
+
+def test_a_class_attribute_no_key_holds_makes_the_class_unkeyable(pkg: Any) -> None:
+    # self.H.OFF, with H a user module: no chain follows self, so the value went unread.
+    pkg("idu_h", "OFF = 5\n")
+    m = pkg("idu_k", "import idu_h\nclass M:\n    H = idu_h\n    def __call__(self, q, kv):\n        return kv <= q + self.H.OFF\n")
+    with pytest.raises(UnkeyableCode, match="M.H is the user module idu_h"):
+        identity(m.M())
+
+
+def test_in_place_changes_inside_containers_defaults_and_class_attribute_types(pkg: Any) -> None:
+    m = pkg(
+        "idp_main",
+        """
+        import dataclasses
+        T = ([5],)
+        @dataclasses.dataclass(frozen=True)
+        class F:
+            offs: list
+        CFG = F([5])
+        def in_tuple(q, kv):
+            return kv <= q + T[0][0]
+        def in_frozen(q, kv):
+            return kv <= q + CFG.offs[0]
+        def kw_default(q, kv, *, off=5):
+            return kv <= q + off
+        def list_default(q, kv, offs=[5]):
+            return kv <= q + offs[0]
+        class M:
+            X = 1
+            def __call__(self, q, kv):
+                return kv <= q + self.X
+        """,
+    )
+    obj = m.M()
+    changes = [
+        (m.in_tuple, lambda: m.T[0].__setitem__(0, 6)),
+        (m.in_frozen, lambda: m.CFG.offs.__setitem__(0, 6)),
+        (m.kw_default, lambda: m.kw_default.__kwdefaults__.__setitem__("off", 6)),
+        (m.list_default, lambda: m.list_default.__defaults__[0].__setitem__(0, 6)),
+        (obj, lambda: setattr(m.M, "X", 1.0)),  # equal, and another type to trace
+    ]
+    for n, (fn, change) in enumerate(changes):
+        before = current(fn)
+        change()
+        assert not before.valid(), n
+        assert current(fn).digest == identity(fn).digest != before.digest, n
+
+
+def test_code_without_a_file_is_keyed_alike_under_any_hash_seed(tmp_path: Path) -> None:
+    # A set literal in exec'd code is a frozenset constant: its repr's order follows the seed.
+    code = (
+        "from fa4cache.identity import identity\nns = {}\n"
+        "exec(\"def mask_mod(q, kv):\\n    return kv in {'a', 'b', 'c', 'd', 'e'}\\n\", ns)\n"
+        "print(identity(ns['mask_mod']).digest)\n"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed},
+            timeout=120,
+        ).stdout.strip()
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1 and "" not in outs, outs
 
 
 def test_library_is_judged_by_files_not_by_name(pkg: Any) -> None:
