@@ -272,7 +272,7 @@ def _rows(batch: int, seqlen: int, device: Any, compiled: bool) -> Any:
 
     # Not kept from a CUDA-graph capture (its values exist only in that graph's replays);
     # one made under inference_mode serves only calls under it (autograd may not save it).
-    keep = not compiled and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    keep = not compiled and not step_mask.is_capturing()
     key = (batch, seqlen, device, torch.is_inference_mode_enabled())
     hit = _row_offsets.get(key) if keep else None
     if hit is None:

@@ -145,12 +145,12 @@ def mark_block_family(model: Any) -> None:
     families = {
         c.__module__.split(".")[2] for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")
     }
-    if not families & set(BLOCK_FAMILIES):
+    config = getattr(model, "config", None)
+    if config is None or families.isdisjoint(BLOCK_FAMILIES):
         return
     for dead in [k for k, ref in _BLOCK_CONFIGS.items() if ref() is None]:
         del _BLOCK_CONFIGS[dead]
-    config = getattr(model, "config", None)
-    for c in (config, *(v for v in vars(config).values() if _is_config(v))) if config is not None else ():
+    for c in (config, *(v for v in vars(config).values() if _is_config(v))):
         _BLOCK_CONFIGS[id(c)] = weakref.ref(c)
 
 

@@ -46,6 +46,13 @@ def _key_of(t: Any) -> tuple[Any, ...]:
     return (ptr, str(t.device), tuple(t.shape), tuple(t.stride()), t._version)
 
 
+def is_capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def step_mask(
     *,
     batch: int,
@@ -66,7 +73,7 @@ def step_mask(
         raise ValueError("step_mask: no position_ids, cu_seqlens or padding mask to find documents in")
     # A mask built outside a CUDA-graph capture must not be reused inside one: the graph
     # would replay with that mask's buffers, never recomputing them for a new packing.
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    capturing = is_capturing()
     if src.is_inference():  # no version counter (inference_mode): a change in place could not be seen
         return _build(batch, seqlen, causal, window, cu_seqlens, max_seqlen, position_ids, padding, capturing)
     # A mask built under inference_mode serves only calls under it: autograd may not save

@@ -4,13 +4,11 @@ import verifies everything before writing anything; a near miss says which key f
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import random
 import shutil
-import struct
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from fa4cache.store.paths import LAYOUT, Layout
 from fa4cache.store.secure_io import owners
 from fa4cache.store.store import Store
 from tests.conftest import run_cli, run_worker
+from tests.helpers.bundle_files import rewrite_manifest
 from tests.helpers.fake_compiler import TOOLCHAIN, FakeCompiled, FakeFA4, installation
 
 KINDS = ("fwd", "bwd_preprocess", "bwd", "bwd_postprocess_convert")
@@ -147,19 +146,15 @@ def test_every_bit_of_the_last_compressed_byte_is_checked(tmp_path: Path) -> Non
 
 def test_a_bundle_of_the_previous_format_is_refused_with_the_fix(tmp_path: Path) -> None:
     _fill(tmp_path / "a", [1])
-    good = tmp_path / "k.fa4b"
-    export_bundle(tmp_path / "a", good)
-    raw = good.read_bytes()
-    mlen = struct.unpack_from("<Q", raw, 8)[0]
-    obj = json.loads(zlib.decompress(raw[48 : 48 + mlen]))
-    obj["format"] = 1
-    for b in obj["blobs"]:
-        del b["packed_sha256"]
-    packed = zlib.compress(json.dumps(obj).encode())
     old = tmp_path / "old.fa4b"
-    old.write_bytes(
-        raw[:8] + struct.pack("<Q", len(packed)) + hashlib.sha256(packed).digest() + packed + raw[48 + mlen :]
-    )
+    export_bundle(tmp_path / "a", old)
+
+    def format_1(obj: dict[str, Any]) -> None:
+        obj["format"] = 1
+        for b in obj["blobs"]:
+            del b["packed_sha256"]
+
+    rewrite_manifest(old, format_1)
     with pytest.raises(BundleError, match="format 1 is not 2 .*export it again"):
         import_bundle(Store(cache_dir=tmp_path / "b"), old)
 
@@ -168,22 +163,19 @@ def test_a_blob_no_entry_names_is_refused(tmp_path: Path) -> None:
     # An import reads only the blobs its entries name: one more in the table (a hand-made
     # bundle) would be bytes inside the file that no check covers.
     _fill(tmp_path / "a", [1, 2])
-    good = tmp_path / "k.fa4b"
-    export_bundle(tmp_path / "a", good)
-    raw = good.read_bytes()
-    mlen = struct.unpack_from("<Q", raw, 8)[0]
-    obj = json.loads(zlib.decompress(raw[48 : 48 + mlen]))
-    named = {e["sidecar"]["sha256"] for e in obj["entries"]}
-    assert named == {b["sha256"] for b in obj["blobs"]}
-    assert len(named) > 1
-    dropped = obj["entries"][0]["sidecar"]["sha256"]  # every entry of one blob leaves
-    obj["entries"] = [e for e in obj["entries"] if e["sidecar"]["sha256"] != dropped]
-    packed = zlib.compress(json.dumps(obj).encode())
     bad = tmp_path / "bad.fa4b"
-    bad.write_bytes(
-        raw[:8] + struct.pack("<Q", len(packed)) + hashlib.sha256(packed).digest() + packed + raw[48 + mlen :]
-    )
-    with pytest.raises(BundleError, match=f"blob {dropped[:16]} is named by no entry"):
+    export_bundle(tmp_path / "a", bad)
+    dropped: list[str] = []
+
+    def drop_one_blobs_entries(obj: dict[str, Any]) -> None:
+        named = {e["sidecar"]["sha256"] for e in obj["entries"]}
+        assert named == {b["sha256"] for b in obj["blobs"]}
+        assert len(named) > 1
+        dropped.append(obj["entries"][0]["sidecar"]["sha256"])  # every entry of one blob leaves
+        obj["entries"] = [e for e in obj["entries"] if e["sidecar"]["sha256"] != dropped[0]]
+
+    rewrite_manifest(bad, drop_one_blobs_entries)
+    with pytest.raises(BundleError, match=f"blob {dropped[0][:16]} is named by no entry"):
         import_bundle(Store(cache_dir=tmp_path / "b"), bad)
     assert not (tmp_path / "b").exists() or _entries(tmp_path / "b") == set()
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,9 @@ from fa4cache.store.paths import EntryRef, Layout
 from fa4cache.store.secure_io import owners
 from fa4cache.store.store import Store
 from tests.conftest import run_cli
+from tests.helpers.bundle_files import HEAD as _HEAD
+from tests.helpers.bundle_files import rewrite_manifest
 from tests.helpers.fake_compiler import TOOLCHAIN, FakeFA4
-
-_HEAD = struct.Struct("<8sQ32s")
 
 
 def ref_of(key: int, kind: str = "fwd") -> EntryRef:
@@ -50,17 +48,6 @@ def file_under(root: Path, src: EntryRef, dst: EntryRef, *, key: str | None | bo
         side["key"] = key
     lay.object_path(dst).write_bytes(lay.object_path(src).read_bytes())
     lay.sidecar_path(dst).write_bytes(json.dumps(side).encode())
-
-
-def rewrite_manifest(path: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
-    """Edit a bundle's manifest and seal it again (a valid checksum: what a producer can do)."""
-    blob = path.read_bytes()
-    magic, mlen, _ = _HEAD.unpack(blob[: _HEAD.size])
-    obj = json.loads(zlib.decompress(blob[_HEAD.size : _HEAD.size + mlen]))
-    edit(obj)
-    packed = zlib.compress(json.dumps(obj).encode())
-    head = _HEAD.pack(magic, len(packed), hashlib.sha256(packed).digest())
-    path.write_bytes(head + packed + blob[_HEAD.size + mlen :])
 
 
 def _swap_entry(obj: dict[str, Any], src: EntryRef, dst: EntryRef, key: Any = True) -> None:
