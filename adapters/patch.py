@@ -19,13 +19,15 @@ import threading
 import types
 from typing import Any
 
-from fa4cache.adapters.fa4 import cross_compile, dsl_caches, events, interval_masking, mask_tiles
+from fa4cache.adapters.fa4 import cross_compile, dsl_caches, events, fail_open, interval_masking, mask_tiles
 from fa4cache.adapters.fa4 import keys as fa4_keys
 from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 from fa4cache.adapters.fa4.import_hook import PostImportHook
 from fa4cache.adapters.route import Route, _Patch
 
+from fa4cache import fa4_releases
 from fa4cache.errors import FA4NotAvailable
+from fa4cache.fa4_releases import Coupling
 from fa4cache.ops import launch_plans
 from fa4cache.settings import Settings, setting
 from fa4cache.store import counters as _counters
@@ -59,7 +61,8 @@ def _modules_to_patch() -> list[types.ModuleType]:
 
 
 def _patch_module(inst: Route, module: types.ModuleType) -> int:
-    inst.hash_patches.extend(fa4_keys.patch_module(module))
+    if fa4_releases.on(Coupling.HASH):
+        inst.hash_patches.extend(fa4_keys.patch_module(module))
     n = 0
     already = {(id(p.module), p.name) for p in inst.patches}
     for name, obj in list(vars(module).items()):
@@ -95,7 +98,8 @@ def _prepare(inst: Route, module: types.ModuleType) -> None:
 
         if setting("FA4CACHE_INTERVAL_MASKING") and interval_masking.enable():
             inst.codegen_patches[interval_masking.NAME] = interval_masking.source_digest()
-        cross_compile.answer_hardware_queries()
+        if fa4_releases.on(Coupling.CROSS_COMPILE):
+            cross_compile.answer_hardware_queries()
         inst.toolchain()
 
 
@@ -107,15 +111,21 @@ def _patch_loaded(inst: Route) -> None:
     if iface is not None and not any(p.module is iface for p in inst.patches):
         raise FA4NotAvailable(
             f"{INTERFACE} has no functions with a compile_cache attribute: this FA4 layout is not "
-            "recognised by fa4cache (tested with flash-attn-4 4.0.0b36)"
+            f"recognised by fa4cache (verified: flash-attn-4 {', '.join(fa4_releases.VERSIONS)})"
         )
 
 
 def _on_fa4_import(module: types.ModuleType) -> None:
     with _state_lock:
-        if _installed is not None:
+        if _installed is None:
+            return
+        try:
             _patch_module(_installed, module)
             _prepare(_installed, module)
+        except Exception as e:
+            # Never fail FA4's import: FA4 runs with its own caches from here on.
+            fail_open.failed(fail_open.Stage.PATCH, e, what=module.__name__, store=_installed.store)
+            uninstall()
 
 
 def fold_all_hits() -> None:
@@ -147,21 +157,37 @@ def install(cache_dir: str | os.PathLike[str] | None = None, **options: Any) -> 
         if settings.disabled:
             log.info("fa4cache: disabled by FA4CACHE_DISABLE")
             return store
+        if not fa4_releases.on(Coupling.COMPILE_CACHE):
+            _warn_unrouted()
+            _route_quack()
+            return store
         inst = Route(store)
         _installed = inst
         runtime.register(store, inst.toolchain)
         try:
             _patch_loaded(inst)
-        except BaseException:
+        except Exception as e:
             uninstall()
-            raise
+            fail_open.failed(fail_open.Stage.PATCH, e, what="FA4's compile caches", store=store)
+            _route_quack()
+            return store
         if _finder is None:
             _finder = PostImportHook(FA4_PACKAGE, _on_fa4_import)
             _finder.install()
-        from fa4cache.adapters.jit import quack  # QuACK's jit_cache kernels go to the same store
-
-        quack.enable()
+        _route_quack()
         return store
+
+
+def _route_quack() -> None:
+    from fa4cache.adapters.jit import quack  # QuACK's jit_cache kernels go to the same store
+
+    quack.enable()
+
+
+def _warn_unrouted() -> None:
+    why = fa4_releases.why_off(Coupling.COMPILE_CACHE)
+    if why and fa4_releases.installed().version is not None:
+        log.warning("fa4cache: FA4's kernels are not stored: %s. `fa4cache doctor` says more.", why)
 
 
 def uninstall() -> None:

@@ -15,6 +15,7 @@ What a *function* is (a mask's or a jit kernel's code and what it reads) is
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -50,6 +51,15 @@ def _encode(value: Any, path: str) -> Any:
         return {"set": items}
     if isinstance(value, type):
         return {"type": _qualified(value, path)}
+    if _is_toolchain_config(value):
+        # FA4's own configs (4.0.0b40 keys its forward by a FwdConfig): by every field's
+        # value. Their class definitions are covered by the toolchain id, which digests
+        # FA4's sources; a field without a stable encoding refuses the whole key.
+        cls = type(value)
+        return {
+            "dc": _qualified(cls, path),
+            "v": {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)},
+        }
     tname = type(value).__name__
     tmod = type(value).__module__
     if tmod == "torch" and tname == "dtype":
@@ -59,6 +69,22 @@ def _encode(value: Any, path: str) -> Any:
     raise UnstableKeyError(
         f"compile-key element {path} of type {tmod}.{tname} has no stable encoding "
         f"(value {value!r:.80}); refusing to build a key that would differ between processes"
+    )
+
+
+# Packages whose frozen dataclasses may stand in a compile key by value: their sources are
+# part of the toolchain id (fa4cache.fingerprint), so one class name means one definition.
+TOOLCHAIN_PACKAGES = ("flash_attn.", "quack.")
+
+
+def _is_toolchain_config(value: Any) -> bool:
+    cls = type(value)
+    params = getattr(cls, "__dataclass_params__", None)
+    return (
+        params is not None
+        and params.frozen
+        and dataclasses.is_dataclass(value)
+        and cls.__module__.startswith(TOOLCHAIN_PACKAGES)
     )
 
 

@@ -99,6 +99,18 @@ def parse_uids(text: str, *, setting: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+def parse_couplings(text: str, *, setting: str) -> str | frozenset[str]:
+    """``all`` or names of couplings to FA4 (checked against the list by fa4cache.fa4_releases)."""
+    v = str(text).strip().lower()
+    if v == "all":
+        return "all"
+    names = frozenset(p for p in v.replace(",", " ").split() if p)
+    bad = sorted(n for n in names if not n.replace("_", "").isalnum())
+    if bad:
+        raise ConfigError(f"{setting}: expected 'all' or coupling names separated by commas, got {bad[0]!r}")
+    return names
+
+
 def parse_class_path(text: str, *, setting: str) -> str:
     module, _, name = str(text).strip().partition(":")
     if not module or not name.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
@@ -204,6 +216,10 @@ SETTINGS: tuple[Setting, ...] = (
             "`error`: it raises `UnexpectedCompile` instead (also `with fa4cache.expect_warm():`)"),
     Setting("FA4CACHE_TRITON", parse_flag, True, "`0`: build block-sparse metadata and a decode "
             "step's key ranges with PyTorch ops instead of the fused Triton kernels"),
+    Setting("FA4CACHE_TRY_COUPLINGS", parse_couplings, frozenset(), "couplings to FA4's internals to "
+            "turn on for an FA4 whose sources fa4cache has not verified them on (`all`, or names such as "
+            "`compile_cache,interval_masking`): for checking a new FA4 release, never for production "
+            "([FA4 releases](fa4-releases.md))"),
     Setting("FA4CACHE_LAUNCH_PLANS", parse_flag, True, "`0`: FA4 plans every KV-cache attention call "
             "itself (by default a call whose kind it planned before replays that launch: "
             "fa4cache.ops.launch_plans)", job=False),

@@ -1,20 +1,27 @@
 """A drop-in for FA4's ``JITCache`` backed by the store, with single-flight misses.
 
-FA4 (4.0.0b36) uses each entry point's ``compile_cache`` as ``if key not in cache:
-cache[key] = cute.compile(...)``, then ``cache[key](*args)``. :class:`StoreCompileCache`
-keeps that protocol:
+FA4 (4.0.0b36, 4.0.0b40) uses each entry point's ``compile_cache`` as ``if key not in cache:
+cache[key] = cute.compile(...)``, then ``cache[key](*args)``; 4.0.0b40's backward also asks
+``cache.get(key)``, and its autotuner probes ``key in cache`` without storing.
+:class:`StoreCompileCache` keeps that protocol:
 
 * ``key in cache`` is a dict lookup when the kernel is in memory (the hot path);
   otherwise it looks in the store, and on a miss takes the key's cross-process lock
   and *keeps holding it*, so that other processes wait for this compile instead of
   repeating it (single-flight);
 * ``cache[key] = fn`` exports ``fn``, publishes it atomically and releases the lock;
-* a compile that raises releases the lock through :func:`guard` around the entry point.
+* ``cache.get(key)`` is ``in`` then ``[]``;
+* under FA4's compile-miss probe, ``in`` loads what the store has and takes no lock;
+* a compile that raises releases the lock through :func:`guard` around the entry point;
+* anything that fails inside fa4cache (a key it cannot encode, a store it cannot read or
+  write, a lock) fails open (:mod:`.fail_open`): FA4 compiles as it would alone, and the
+  kernel stays in memory.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fa4cache.adapters.fa4 import events
+from fa4cache.adapters.fa4 import events, fail_open
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
+from fa4cache.adapters.fa4.fail_open import Stage
 from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
 
 from fa4cache import warmth
@@ -51,6 +59,16 @@ class Backend(Protocol):
 
 log = logging.getLogger(__name__)
 _tl = threading.local()
+
+INTERFACE = "flash_attn.cute.interface"
+
+
+def fa4_probe_active() -> bool:
+    """Whether FA4's compile-miss probe is listening in this context (4.0.0b40's autotuner
+    sets ``interface._compile_misses`` to collect the kernels a call would compile)."""
+    probe = getattr(sys.modules.get(INTERFACE), "_compile_misses", None)
+    return probe is not None and probe.get() is not None
+
 def select(selector: Callable[[StoreCompileCache, Any], bool] | None) -> Any:
     """Set this thread's selector (returns the previous one): for a key not in memory,
     ``selector(cache, key)`` answers ``key in cache`` instead of the miss path. Under
@@ -94,6 +112,8 @@ class StoreCompileCache:
         self.memory_hits = 0
         self._folded_hits = 0
         self._pending: dict[Any, _Pending] = {}
+        # Keys fa4cache could not encode (fail open): their kernels live in memory only.
+        self._unkeyed: set[Any] = set()
 
     # -- the protocol FA4 uses ------------------------------------------------------
     def __contains__(self, key: Any) -> bool:
@@ -101,14 +121,17 @@ class StoreCompileCache:
             self.memory_hits += 1
             return True
         sel = getattr(_tl, "select", None)
-        if is_memory_only(key):
-            # Code no key describes completely (:mod:`fa4cache.adapters.fa4.keys`): compiled here, never stored,
-            # listed or shipped to a compile worker.
+        if self._kept_in_memory(key):
+            # Code no key describes completely (:mod:`fa4cache.adapters.fa4.keys`), or a key
+            # fa4cache could not encode: compiled here, never stored, listed or shipped to a
+            # compile worker.
             if sel is None:
-                warmth.check(self.kind, "its mask_mod/score_mod cannot be keyed, so it is never stored")
+                warmth.check(self.kind, "its compile key cannot be stored, so it is compiled in memory")
             return sel is not None
         if sel is not None:
             return sel(self, key)
+        if fa4_probe_active():
+            return self._probe(key)
         return self._miss(key)
 
     def __getitem__(self, key: Any) -> Any:
@@ -116,16 +139,21 @@ class StoreCompileCache:
 
     def __setitem__(self, key: Any, fn: Any) -> None:
         self.cache[key] = fn
-        if is_memory_only(key):
+        if self._kept_in_memory(key):
             self._inst.store.count("memory_only_compiles")
             return
         pending = self._pending.pop(key, None)
         try:
             self._inst.publish(self, key, fn, pending)
+        except Exception as e:
+            fail_open.failed(Stage.STORE_WRITE, e, what=f"a {self.kind} kernel", store=self._inst.store)
         finally:
             if pending is not None:
                 _forget_pending(self, key)
                 release(pending.lock)
+
+    def _kept_in_memory(self, key: Any) -> bool:
+        return is_memory_only(key) or key in self._unkeyed
 
     # -- dict conveniences ----------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
@@ -153,11 +181,32 @@ class StoreCompileCache:
         tc = self._inst.toolchain().id
         return EntryRef(tc, self.kind, key_digest(tc, self.kind, encode_key(key)))
 
+    def _encoded(self, key: Any) -> tuple[str, EntryRef] | None:
+        """The key's text and entry, or None (fail open: the key is then memory-only)."""
+        try:
+            encoded = encode_key(key)
+            tc = self._inst.toolchain().id
+        except Exception as e:
+            self._unkeyed.add(key)
+            fail_open.failed(Stage.KEY, e, what=f"a {self.kind} kernel", store=self._inst.store)
+            return None
+        return encoded, EntryRef(tc, self.kind, key_digest(tc, self.kind, encoded))
+
+    def _probe(self, key: Any) -> bool:
+        """FA4's compile-miss probe (4.0.0b40's ``_needs_compile`` under ``_compile_misses``)
+        asks ``key in cache`` and records a miss without ever storing: answer from memory and
+        the store, and take no lock that no store would release."""
+        found = self._encoded(key)
+        return found is not None and self._try_load(key, found[1])
+
     def _miss(self, key: Any, held: Any = None) -> bool:
         """``held``: the key's lock, already taken by the caller (a claimed kernel)."""
         store = self._inst.store
-        encoded = encode_key(key)
-        ref = self.ref(key)
+        found = self._encoded(key)
+        if found is None:
+            release(held)
+            return False
+        encoded, ref = found
         t0 = time.perf_counter()
         if self._try_load(key, ref, remote=False):
             release(held)
@@ -166,7 +215,13 @@ class StoreCompileCache:
         lock = held
         if lock is None:
             events.notify(MissEvent(MissStage.WAITING, self.kind, key, ref))
-            lock = store.acquire(ref.digest)
+            try:
+                lock = store.acquire(ref.digest)
+            except Exception as e:
+                # No lock: this process compiles without waiting for others (at worst a
+                # kernel compiled twice) and still publishes atomically.
+                fail_open.failed(Stage.LOCK, e, what=f"a {self.kind} kernel", store=store)
+                lock = None
         if (lock is not None or store.remote is not None) and self._try_load(key, ref):
             # Another process compiled it while we waited (or another node has it).
             release(lock)
@@ -176,7 +231,11 @@ class StoreCompileCache:
         names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
         # warm compiles on purpose (ahead_off): its misses are no news, and no unexpected compile.
         on_purpose = ahead_is_off()
-        why = nearmiss.report(store, ref, encoded, names, quiet=on_purpose)  # which fields differ
+        try:
+            why = nearmiss.report(store, ref, encoded, names, quiet=on_purpose)  # which fields differ
+        except Exception as e:
+            fail_open.failed(Stage.STORE_READ, e, what="the near-miss report", store=store)
+            why = None
         try:
             if not on_purpose:
                 warmth.check(self.kind, why)
@@ -192,7 +251,12 @@ class StoreCompileCache:
     def _try_load(self, key: Any, ref: EntryRef, *, remote: bool = True) -> bool:
         store = self._inst.store
         t0 = time.perf_counter()
-        art = store.load(ref, remote=remote)
+        try:
+            art = store.load(ref, remote=remote)
+        except Exception as e:
+            fail_open.failed(Stage.REMOTE if remote and store.remote is not None else Stage.STORE_READ, e,
+                             what=f"a {self.kind} kernel", store=store)
+            return False
         if art is None:
             return False
         try:
@@ -210,10 +274,13 @@ class StoreCompileCache:
             )
             return False
         self.cache[key] = fn
-        store.count("disk_hits", kind=self.kind)
-        store.count("load_seconds", time.perf_counter() - t0)
-        store.touch(art)
-        store.flush_counters(throttle=1.0)
+        try:
+            store.count("disk_hits", kind=self.kind)
+            store.count("load_seconds", time.perf_counter() - t0)
+            store.touch(art)
+            store.flush_counters(throttle=1.0)
+        except Exception as e:  # bookkeeping only: the kernel is loaded
+            fail_open.failed(Stage.STORE_WRITE, e, what="the store's use records", store=store)
         return True
 
     def release_pending(self, key: Any) -> None:

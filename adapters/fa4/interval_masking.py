@@ -36,6 +36,9 @@ from typing import Any
 
 from fa4cache.masks.template import ROW_INTERVALS_ATTR
 
+from fa4cache import fa4_releases
+from fa4cache.fa4_releases import Coupling
+
 log = logging.getLogger(__name__)
 NAME = "interval_masking"
 # FA4's Hopper apply_mask signature this patch forwards to (flash-attn-4 4.0.0b36).
@@ -53,8 +56,10 @@ def source_digest() -> str:
 
 
 def enable() -> bool:
-    """Patch FA4's Hopper mask application (idempotent); ``False`` if FA4 is missing
-    or its layout is not the one this patch was written for (4.0.0b36)."""
+    """Patch FA4's Hopper mask application (idempotent); ``False`` if FA4 is missing or is
+    not a release this patch was verified on (:mod:`fa4cache.fa4_releases`)."""
+    if not fa4_releases.on(Coupling.INTERVAL_MASKING):
+        return False
     try:
         from flash_attn.cute import mask as fa_mask
     except ImportError:

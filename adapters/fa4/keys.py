@@ -83,7 +83,8 @@ def _user_cute_hash(base: Any) -> str | None:
     return value if memo[1] else None
 
 
-def _memory_only(func: Any, err: UnkeyableCode) -> str:
+def _memory_only(func: Any, err: UnkeyableCode | None) -> str:
+    """A key of this process alone; ``err`` is warned about once per name (None: the caller warned)."""
     with _lock:
         try:
             n = _serials.get(func)
@@ -91,6 +92,8 @@ def _memory_only(func: Any, err: UnkeyableCode) -> str:
                 n = _serials[func] = next(_serial)
         except TypeError:
             n = id(func)
+        if err is None:
+            return f"{MEMORY_ONLY}{n}"
         first = err.name not in _warned
         _warned.add(err.name)
     if first:
@@ -130,7 +133,15 @@ def hash_callable(func: Any, mixer_attrs: tuple[str, ...] | None = None, set_cut
     del set_cute_hash
     if mixer_attrs is None:
         mixer_attrs = _MIXER_DEFAULT
-    h = base_hash(func)
+    try:
+        h = base_hash(func)
+    except Exception as e:
+        # fa4cache's own trouble valuing the code (fail open): a memory-only key, so FA4
+        # compiles and runs it as it would without fa4cache.
+        from fa4cache.adapters.fa4 import fail_open
+
+        fail_open.failed(fail_open.Stage.IDENTITY, e, what=getattr(func, "__name__", repr(func)))
+        h = _memory_only(func, None)
     values = tuple(getattr(func, a, None) for a in mixer_attrs)
     if all(v is None for v in values):
         return h

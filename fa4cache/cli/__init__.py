@@ -17,6 +17,16 @@ from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
 from ..version import __version__
+
+
+class _Version(argparse.Action):
+    """``--version``: fa4cache's and FA4's, and whether fa4cache was verified on that FA4
+    (computed only when asked: it walks FA4's sources)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from ..fa4_releases import installed
+
+        parser.exit(message=f"fa4cache {__version__}; {installed().describe()}\n")
 from . import warm_jit
 from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
@@ -54,7 +64,7 @@ class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
     p.register("action", "parsers", _SubParsers)
-    p.add_argument("--version", action="version", version=f"fa4cache {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show fa4cache's version and the FA4 release")
     p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     sub = p.add_subparsers(dest="command", required=True)

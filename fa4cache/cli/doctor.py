@@ -37,6 +37,7 @@ class _Report:
 def cmd_doctor(args: argparse.Namespace) -> int:
     line = _Report()
     _versions(line)
+    _fa4_couplings(line)
     _gpu(line)
     s, usable = _cache_directory(line, settings_of(args))
     _target_and_toolchains(line, s)
@@ -58,6 +59,19 @@ def _versions(line: _Report) -> None:
             if d.startswith("nvidia-cutlass-dsl-libs-cu"):
                 status = "info"
             line(status, d, "not installed")
+
+
+def _fa4_couplings(line: _Report) -> None:
+    """Which couplings to FA4's internals are on for the installed FA4, and why the others are off."""
+    from .. import fa4_releases
+
+    inst = fa4_releases.installed()
+    if inst.version is None:
+        return
+    line("ok" if inst.verified else "warn", "flash-attn-4 release", inst.describe())
+    for c in fa4_releases.Coupling:
+        why = fa4_releases.why_off(c, inst)
+        line("ok" if why is None else "info", f"  {c.value}", "on" if why is None else f"off: {why}")
 
 
 def _gpu(line: _Report) -> None:
@@ -135,7 +149,15 @@ def _target_and_toolchains(line: _Report, s: Settings) -> None:
         "toolchain (store)",
         f"{recent or 'none recorded yet'}: the most recently used one that holds kernels (stats, ls, prune)",
     )
-    masking = "on" if setting("FA4CACHE_INTERVAL_MASKING") else "off (FA4CACHE_INTERVAL_MASKING=0)"
+    from .. import fa4_releases
+
+    unverified = fa4_releases.why_off(fa4_releases.Coupling.INTERVAL_MASKING)
+    if not setting("FA4CACHE_INTERVAL_MASKING"):
+        masking = "off (FA4CACHE_INTERVAL_MASKING=0)"
+    elif unverified:
+        masking = f"off ({unverified})"
+    else:
+        masking = "on"
     line(
         "info",
         "interval masking",

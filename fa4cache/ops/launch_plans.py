@@ -19,7 +19,7 @@ calls :mod:`.kv_cache` makes (dense queries, ``cu_seqlens_k``/``seqused_k``, an 
 buffer, ``num_splits`` 1; no mask_mod, score_mod, block sparsity or page table). Read in
 FA4's source, and checked by ``tests/unit/test_launch_plans.py`` against FA4's own planning
 over random shapes at sm_90 and sm_100: plans are made only for the FA4 sources that check
-ran on (:data:`VERIFIED_FA4_SOURCES`, by :func:`fa4cache.fingerprint.fa4_source_digest`).
+ran on (the releases listing ``launch_plans`` in :mod:`fa4cache.fa4_releases`).
 Any other FA4 is planned by FA4 at every call, as is any arch but those checked
 (:data:`VERIFIED_ARCHS`). ``FA4CACHE_LAUNCH_PLANS=0`` turns plans off; do that in a process
 that patches FA4's planning functions at run time (the digest sees FA4's files, not its
@@ -45,13 +45,6 @@ from fa4cache.settings import setting
 
 log = logging.getLogger(__name__)
 
-# fa4cache.fingerprint.fa4_source_digest() of the FA4 releases whose planning was checked
-# to ignore the key count on these calls (tests/unit/test_launch_plans.py).
-VERIFIED_FA4_SOURCES = frozenset(
-    {
-        "e4396f5351a9ac6392338500ec58bb19f4c511a697999efcf7fe13084ef764e3",  # flash-attn-4 4.0.0b36
-    }
-)
 # The archs whose planning tests/unit/test_launch_plans.py checks (sm_90, sm_100).
 VERIFIED_ARCHS = frozenset({90, 100})
 # The largest pointer alignment FA4 asks of a tensor (32 bytes: an output of head dim 512).
@@ -91,7 +84,7 @@ _verified: list[bool] = []  # [whether the installed FA4's sources are verified]
 def fa4_settings(fi: Any) -> tuple[Any, ...]:
     """What FA4 reads besides its arguments when it plans a forward call: the device arch,
     its scheduler/2-CTA/ping-pong switches, the SM-count override and its log level. Read as
-    the verified sources (:data:`VERIFIED_FA4_SOURCES`) keep them, module globals behind
+    the verified sources (:mod:`fa4cache.fa4_releases`) keep them, module globals behind
     FA4's getters: a function call less for each, in every decode layer. A getter replaced
     at run time (``utils._get_use_clc_scheduler_default`` and the like) is not seen: a
     process that patches FA4's functions sets ``FA4CACHE_LAUNCH_PLANS=0``."""
@@ -151,15 +144,9 @@ def enabled() -> bool:
     if not _switch[1]:
         return False
     if not _verified:
-        from fa4cache.fingerprint import fa4_source_digest
+        from fa4cache import fa4_releases
 
-        digest = fa4_source_digest()
-        _verified.append(digest in VERIFIED_FA4_SOURCES)
-        if not _verified[0]:
-            log.info(
-                "fa4cache: FA4 plans every decode call itself (its sources, digest %s, are not ones "
-                "whose planning fa4cache checked)", digest[:16],
-            )  # fmt: skip
+        _verified.append(fa4_releases.on(fa4_releases.Coupling.LAUNCH_PLANS))
     return _verified[0]
 
 
