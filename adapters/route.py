@@ -102,16 +102,19 @@ class Route:
                     e,
                 )
             else:
-                published = store.publish(
-                    ref,
-                    staged,
-                    key=encoded if len(encoded) <= 64 * 1024 else None,
-                    summary=summary(cache.kind, encoded),
-                    compile_seconds=seconds,
-                    tvm_ffi=tvm_ffi,
-                    spec=runtime.recorded_spec(),
-                    built_with=dict(runtime_facts()),
-                )
+                try:
+                    published = store.publish(
+                        ref,
+                        staged,
+                        key=encoded if len(encoded) <= 64 * 1024 else None,
+                        summary=summary(cache.kind, encoded),
+                        compile_seconds=seconds,
+                        tvm_ffi=tvm_ffi,
+                        spec=runtime.recorded_spec(),
+                        built_with=dict(runtime_facts()),
+                    )
+                finally:
+                    unlink_quiet(staged)  # gone already once published (renamed into place)
                 if published and store.settings.max_size is not None:
                     enforce_cap(store, store.settings.max_size)
         store.flush_touches()

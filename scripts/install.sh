@@ -25,8 +25,8 @@ step() {
 step "[1/5] creating the virtual environment .venv" python3 -m venv .venv
 step "[2/5] upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 step "[3/5] installing torch 2.13.0, CPU build (about 200 MB)" .venv/bin/python -m pip install -q "torch==2.13.0"
-step "[4/5] installing fa4cache (editable) with flash-attn-4, cutlass, quack, ray, transformers, pytest" \
-  .venv/bin/python -m pip install -q -e ".[fa4,ray,transformers,test]"
+step "[4/5] installing fa4cache (editable) with flash-attn-4 4.0.0b36, cutlass, quack, ray, transformers, pytest" \
+  .venv/bin/python -m pip install -q -e ".[fa4,ray,transformers,test]" "flash-attn-4==4.0.0b36"
 # An editable install's import hook loses to a folder named fa4cache in the current
 # directory (python run next to the clone): scripts/link_checkout.py says why and fixes it.
 step "[5/5] making this checkout win over a same-named folder (scripts/link_checkout.py)" \

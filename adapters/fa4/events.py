@@ -56,7 +56,9 @@ def notify(event: MissEvent) -> None:
         try:
             listener(event)
         except Exception as e:  # a helper's trouble must never fail the kernel call
-            log.debug("fa4cache: miss listener %r failed: %s", listener, e)
+            from fa4cache.adapters.fa4 import fail_open
+
+            fail_open.failed(fail_open.Stage.COMPILE_SERVER, e, what=f"a {event.kind} miss")
 
 
 def wrap_forward(wrapper: ForwardWrapper) -> None:
