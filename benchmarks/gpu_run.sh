@@ -20,6 +20,10 @@
 #   PART=ranges   the eager step's key ranges in situ, the static compiled path's null bound (probe_decode_ranges.py)
 #   PART=onerow  eager batch-1 generate by phase, the one-row path on and off (probe_one_row.py; ONEROW_ARGS)
 #   PART=split    split decoding's attention in CUDA graphs against unsplit and sdpa (bench_decode_split.py)
+#   PART=releases  per FA4 release in FA4_RELEASES (default "4.0.0b36 4.0.0b40"): switch FA4
+#                (.gpu/b/use-fa4.sh), the mask GPU tests (RELEASE_TESTS_K: pytest -k), the transformers GPU
+#                tests, and a second process that loads the first one's kernels; b40 runs with
+#                FA4CACHE_TRY_COUPLINGS=$RELEASE_TRY (default interval_masking) to verify those couplings
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -65,6 +69,27 @@ if has tests || has fuzz; then
   # The whole log first, then the summary from it: a pipe into head would cut pytest short.
   grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" "$res/gpu_fuzz.log" | head -80 | tee -a "$out/run.log"
   echo "fuzz wall time: $(( $(date +%s) - start )) s, FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
+fi
+if [[ $parts == *" releases "* ]]; then
+  for rel in ${FA4_RELEASES:-4.0.0b36 4.0.0b40}; do
+    bash "$repo/.gpu/b/use-fa4.sh" "$rel" 2>&1 | tail -1 | tee -a "$out/run.log"
+    try=""
+    [ "$rel" != 4.0.0b36 ] && try=${RELEASE_TRY-interval_masking}
+    export FA4CACHE_TRY_COUPLINGS=$try
+    echo "== flash-attn-4 $rel (FA4CACHE_TRY_COUPLINGS=$try)" | tee -a "$out/run.log"
+    export FA4CACHE_DIR=/tmp/fa4cache-rel-$rel
+    rm -rf "$FA4CACHE_DIR"
+    (cd /tmp && timeout ${RELEASE_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
+       -o addopts="" -m gpu ${RELEASE_TESTS_K:+-k "$RELEASE_TESTS_K"} "$repo/tests/gpu/test_gpu.py" "$repo/tests/gpu/test_gpu_transformers.py" > "$res/gpu_release_$rel.log" 2>&1)
+    grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_release_$rel.log" | head -30 | tee -a "$out/run.log"
+    # Two processes, one store: the second loads every kernel the first compiled.
+    rm -rf "$FA4CACHE_DIR"
+    for i in 1 2; do
+      (cd "$repo" && PYTHONPATH=$site:$repo timeout 240 python3 -m tests.helpers.worker compile --seqlen 2048 2>&1 | grep RESULT | tee -a "$out/run.log")
+    done
+    python3 -m fa4cache doctor 2>&1 | grep -E "release|compile_cache|interval" | tee -a "$out/run.log"
+  done
+  unset FA4CACHE_TRY_COUPLINGS FA4CACHE_DIR
 fi
 if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,

@@ -58,6 +58,7 @@ FIELDS = (
     "ahead_compiles",  # compiled by a background worker before a step asked (compile-ahead)
     "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
     "memory_only_compiles",  # kernels of code no key describes completely: never stored (fa4cache.identity)
+    "fail_open",  # calls where something inside fa4cache failed and FA4 ran as without it (adapters/fa4/fail_open.py)
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 ARCHIVE = "archive.json"
