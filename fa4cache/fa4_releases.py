@@ -67,7 +67,7 @@ RELEASES: tuple[Release, ...] = (
     # mask.py is shown on the GPU, not on the CPU; it stays off until that run passes.
     Release(
         "4.0.0b40",
-        "0fbd859f39c0d008be95c0859516624c41f618433660ef51c979d0abf9ae4e08",
+        "ace990a94356ca2f5bcfe8d55365ebfcaa8da376d79684db578250aa06cd924c",
         ALL - {Coupling.LAUNCH_PLANS, Coupling.INTERVAL_MASKING},
     ),
 )

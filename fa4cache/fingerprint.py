@@ -151,38 +151,40 @@ def fa4_source_digest() -> str:
 
 def quack_source_digest() -> str:
     """Digest of every ``quack/**/*.py`` file of the installed QuACK (as for FA4)."""
-    files = _fa4_files("quack", "")
+    files = _fa4_files("quack")
     if not files:
         return "absent"
     return _fa4_source_digest_cached(tuple(sorted(files)), "quack/")
 
 
-def _fa4_files(package: str = "flash_attn", subdir: str = "cute") -> list[tuple[str, int, int]]:
+def _fa4_files(package: str = "flash_attn.cute") -> list[tuple[str, int, int]]:
+    """Every ``.py`` file of ``package`` as Python imports it: the directory of the first
+    ``package/__init__.py`` on ``sys.path``. Not the parent's ``__path__``: ``flash_attn`` is a
+    namespace package, and two copies of FA4 on the path (a wheel laid over a venv) would
+    mix two releases' files into one digest."""
     import importlib.util
 
     mod = sys.modules.get(package)
-    roots = list(getattr(mod, "__path__", []) or [])
-    if not roots:
+    origin = getattr(mod, "__file__", None)
+    if origin is None:
         try:
             spec = importlib.util.find_spec(package)
         except (ImportError, ValueError):
             return []
-        if spec is None or not spec.submodule_search_locations:
+        if spec is None or spec.origin is None or not spec.submodule_search_locations:
             return []
-        roots = list(spec.submodule_search_locations)
+        origin = spec.origin
     out = []
-    for root in roots:
-        cute_dir = os.path.join(root, subdir) if subdir else root
-        for dirpath, dirs, names in os.walk(cute_dir):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for n in names:
-                if n.endswith(".py"):
-                    p = os.path.join(dirpath, n)
-                    try:
-                        st = os.stat(p)
-                    except OSError:
-                        continue
-                    out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
+    for dirpath, dirs, names in os.walk(os.path.dirname(origin)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for n in names:
+            if n.endswith(".py"):
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
     return out
 
 

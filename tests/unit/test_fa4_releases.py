@@ -136,3 +136,35 @@ def test_the_installed_fa4s_forward_config_encodes() -> None:
     b = dataclasses.replace(a, tile_m=a.tile_m + 64)
     assert encode_key((a,)) != encode_key((b,))
     assert encode_key((a,)) == encode_key((config.FwdConfig(**values),))
+
+
+_TWO_COPIES = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from fa4cache import fingerprint
+files = sorted(p.rsplit("/flash_attn/", 1)[0] for p, _, _ in fingerprint._fa4_files())
+print(json.dumps({"roots": sorted(set(files)), "digest": fingerprint.fa4_source_digest()}))
+"""
+
+
+def test_the_digest_covers_the_fa4_python_imports_not_every_copy_on_the_path(tmp_path: Any) -> None:
+    # flash_attn is a namespace package: a release laid over a venv puts two copies of
+    # flash_attn/cute on its path; only the first is imported, and only it is digested.
+    for copy, body in (("first", "A = 1\n"), ("second", "A = 2\n")):
+        cute = tmp_path / copy / "flash_attn" / "cute"
+        cute.mkdir(parents=True)
+        (cute / "__init__.py").write_text(body)
+    env = worker_env(tmp_path / "store")
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*copies: str) -> dict[str, Any]:
+        p = subprocess.run(
+            [sys.executable, "-c", _TWO_COPIES, *(str(tmp_path / c) for c in copies)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout)
+
+    both = run("first", "second")
+    assert both["roots"] == [str(tmp_path / "first")]
+    assert both["digest"] == run("first", "first")["digest"] != run("second", "first")["digest"]
