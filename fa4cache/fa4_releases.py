@@ -63,12 +63,12 @@ RELEASES: tuple[Release, ...] = (
         ALL - {Coupling.AUTOTUNE},
     ),
     # Launch plans: planned against b36's decode path only (tests/unit/test_launch_plans.py
-    # reads helpers b40 removed). Interval masking: its correctness on b40's rewritten
-    # mask.py is shown on the GPU, not on the CPU; it stays off until that run passes.
+    # reads helpers b40 removed). Interval masking: shown on the H200 against FA4's
+    # element-wise mask_mod and the fp32 reference (benchmarks/results/fa4_releases_h200.md).
     Release(
         "4.0.0b40",
         "ace990a94356ca2f5bcfe8d55365ebfcaa8da376d79684db578250aa06cd924c",
-        ALL - {Coupling.LAUNCH_PLANS, Coupling.INTERVAL_MASKING},
+        ALL - {Coupling.LAUNCH_PLANS},
     ),
 )
 
