@@ -4,6 +4,7 @@ FA4 is cross-compiled for an H200 (sm_90, 132 SMs) under FakeTensorMode. Prints 
 (prefixed ``RESULT ``) per step. Usage::
 
     python -m tests.helpers.autotune_worker compile_one
+    python -m tests.helpers.autotune_worker coupling
     python -m tests.helpers.autotune_worker tune STEPS_JSON   # [{"seqlen": 256, "candidates": ["default", "tile_n64"]}, ...]
 
 ``tune`` calls ``tune_fwd_config`` as a user would, with these stand-ins for what only a GPU
@@ -164,7 +165,36 @@ def _pending_locks(store: Any) -> int:
     return held
 
 
+def _routed(autotune: Any) -> dict[str, bool]:
+    """Which of FA4's autotuner names are fa4cache's."""
+    return {
+        "_compile_one": getattr(autotune._compile_one, "__fa4cache_autotune__", False),
+        "tune_fwd_config": getattr(autotune.tune_fwd_config, "__fa4cache_autotune__", False),
+        "CUTE_DSL_CACHE_ENABLED": autotune.CUTE_DSL_CACHE_ENABLED,
+    }
+
+
+def coupling() -> None:
+    """Routed under install(), FA4's own after uninstall(), and never where the coupling is off."""
+    import fa4cache
+    from fa4cache import fa4_releases
+
+    fa4cache.install()
+    from flash_attn.cute import autotune
+
+    installed = _routed(autotune)
+    fa4cache.uninstall()
+    uninstalled = _routed(autotune)
+    on = fa4_releases.on
+    fa4_releases.on = lambda c: c is not fa4_releases.Coupling.AUTOTUNE and on(c)  # as on an unverified FA4
+    fa4cache.install()
+    _result(installed=installed, uninstalled=uninstalled, coupling_off=_routed(autotune))
+
+
 def main() -> None:
+    if sys.argv[1] == "coupling":
+        coupling()
+        return
     import fa4cache
 
     store = fa4cache.install()

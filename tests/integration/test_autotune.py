@@ -118,6 +118,17 @@ def test_the_winner_is_kept_in_the_store_for_the_next_process(tmp_path: Path) ->
     assert then["measure_calls"] == 0 and then["autotune_hits"] == 1 and then["winner"] == first["winner"]
 
 
+@needs_autotuner
+def test_the_autotuner_is_routed_only_while_installed_and_only_where_the_coupling_is_on(
+    tmp_path: Path,
+) -> None:
+    (row,) = _worker(tmp_path / "store", "coupling")
+    assert row["installed"] == {"_compile_one": True, "tune_fwd_config": True, "CUTE_DSL_CACHE_ENABLED": True}
+    fa4s_own = {"_compile_one": False, "tune_fwd_config": False, "CUTE_DSL_CACHE_ENABLED": False}
+    assert row["uninstalled"] == fa4s_own
+    assert row["coupling_off"] == fa4s_own
+
+
 def test_a_stored_winner_is_read_only_when_it_is_one_of_the_candidates() -> None:
     from fa4cache.adapters.fa4.autotune import FORMAT, winner_index
 
