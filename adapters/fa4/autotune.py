@@ -119,13 +119,20 @@ def revert() -> None:
 def compile_one_for(route: Route, module: types.ModuleType) -> Callable[..., None]:
     def _compile_one(config: Any, encoded_kwargs: Mapping[str, Any], device: Any) -> None:
         """Compile a full forward call in a fake-tensor child that publishes into the store."""
-        code = CHILD.replace("{path!r}", repr(fa4_path(module)))
+        try:
+            code = CHILD.replace("{path!r}", repr(fa4_path(module)))
+            env = child_env(route, module, encoded_kwargs["_arch"], device)
+        except Exception as e:
+            # No child: the tuning process compiles the candidate when it times it (slower,
+            # never wrong). Not FA4's own child, which would reopen FA4's disk cache.
+            fail_open.failed(Stage.PATCH, e, what="an autotune compile worker", store=route.store)
+            return
         subprocess.run(
             [sys.executable, "-c", code],
             check=True,
             capture_output=True,
             input=pickle.dumps({"config": config, "forward_kwargs": encoded_kwargs}),
-            env=child_env(route, module, encoded_kwargs["_arch"], device),
+            env=env,
             cwd=module._REPO_ROOT,
             timeout=module._COMPILE_TIMEOUT_SECONDS,
         )

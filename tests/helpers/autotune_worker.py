@@ -5,7 +5,9 @@ FA4 is cross-compiled for an H200 (sm_90, 132 SMs) under FakeTensorMode. Prints 
 
     python -m tests.helpers.autotune_worker compile_one
     python -m tests.helpers.autotune_worker coupling
-    python -m tests.helpers.autotune_worker tune STEPS_JSON   # [{"seqlen": 256, "candidates": ["default", "tile_n64"]}, ...]
+    python -m tests.helpers.autotune_worker tune STEPS_JSON
+    # STEPS_JSON: [{"seqlen": 256, "candidates": ["default", "tile_n64"], "fault": "lock"}, ...]
+    # (fault: optional; "key encoding", "lock" or "store write" raises in that step)
 
 ``tune`` calls ``tune_fwd_config`` as a user would, with these stand-ins for what only a GPU
 can answer (:func:`gpu_standins`): the timing (``_measure_configs``: a deterministic chooser, the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -138,6 +141,38 @@ def _set(obj: Any, name: str, value: Any) -> Any:
         setattr(obj, name, old)
 
 
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
+
+
+def _fault(stage: str | None, store: Any) -> Any:
+    """Make one of fa4cache's stages raise (tests/faults does the same for kernels)."""
+    from fa4cache.adapters.fa4 import autotune as routed
+
+    from fa4cache.errors import UnstableKeyError
+
+    def raise_(error: Exception) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        return fail
+
+    if stage is None:
+        return contextlib.nullcontext()
+    if stage == "key encoding":
+        return _set(routed, "shape_class", raise_(UnstableKeyError("injected")))
+    if stage == "lock":
+        return _set(store, "acquire", raise_(OSError("injected")))
+    if stage == "store write":
+        return _set(store, "publish_bytes", raise_(OSError("injected")))
+    raise ValueError(f"unknown fault {stage!r}")
+
+
 def _counts(store: Any) -> dict[str, Any]:
     store.counters.flush()
     c = store.counters.values
@@ -231,16 +266,22 @@ def main() -> None:
         return
 
     gpu_standins(autotune)
+    warnings = _Warnings()
+    logging.getLogger("fa4cache").addHandler(warnings)
     for step in json.loads(sys.argv[2]):
         configs = candidates(step["candidates"], autotune)
         before = dict(CALLS)
         counts = _counts(store)
-        t0 = time.perf_counter()
-        winner = autotune.tune_fwd_config(configs, forward_kwargs(step["seqlen"]), compile_workers=2)
-        seconds = time.perf_counter() - t0
+        warnings.seen.clear()
+        with _fault(step.get("fault"), store):
+            t0 = time.perf_counter()
+            winner = autotune.tune_fwd_config(configs, forward_kwargs(step["seqlen"]), compile_workers=2)
+            seconds = time.perf_counter() - t0
         after = _counts(store)
         _result(
             step=step,
+            warnings=list(warnings.seen),
+            entries=len(list(store.entries(kind="autotune"))),
             winner=dataclasses.asdict(winner),
             index=configs.index(winner),
             seconds=seconds,

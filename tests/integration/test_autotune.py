@@ -57,8 +57,10 @@ def _worker(store: Path, *args: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _tune(store: Path, *steps: tuple[int, list[str]]) -> list[dict[str, Any]]:
-    return _worker(store, "tune", json.dumps([{"seqlen": s, "candidates": c} for s, c in steps]))
+def _tune(store: Path, *steps: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Steps: (seqlen, candidates) or (seqlen, candidates, the fa4cache stage made to raise)."""
+    keys = ("seqlen", "candidates", "fault")
+    return _worker(store, "tune", json.dumps([dict(zip(keys, step)) for step in steps]))
 
 
 @needs_autotuner
@@ -112,10 +114,24 @@ def test_the_winner_is_kept_in_the_store_for_the_next_process(tmp_path: Path) ->
         entry = json.loads(art.data)
         entry["index"] = entry["candidates"] + 3
         assert s.publish_bytes(e.ref, json.dumps(entry).encode(), **art.sidecar.facts())
-    again, then = _tune(store, key, key)
+    # Trouble inside fa4cache fails open to FA4's tuning, one warning naming the stage.
+    other = (384, DEFAULT_AND_VARIANT)
+    again, then, no_key, no_lock, locked_publish, no_write, unstored = _tune(
+        store, key, key, (*other, "key encoding"), (*other, "lock"), other, (448, DEFAULT_AND_VARIANT, "store write"),
+        (448, DEFAULT_AND_VARIANT),
+    )  # fmt: skip
     assert again["measure_calls"] == 1 and again["autotune_hits"] == 0 and again["winner"] == first["winner"]
-    assert "holds no winner" in again["stderr"]
+    assert [w for w in again["warnings"] if "holds no winner" in w] != []
     assert then["measure_calls"] == 0 and then["autotune_hits"] == 1 and then["winner"] == first["winner"]
+    for row, stage in ((no_key, "key encoding"), (no_lock, "lock"), (no_write, "store write")):
+        assert row["measure_calls"] == 1 and row["winner"] == first["winner"], row
+        named = [w for w in row["warnings"] if f"{stage} failed for an autotuning winner" in w]
+        assert len(named) == 1 and "Fix:" in named[0], row["warnings"]
+        assert row["pending_locks"] == 0
+    assert no_lock["entries"] == no_key["entries"] + 1  # stored without the lock
+    assert locked_publish["measure_calls"] == 0 and locked_publish["autotune_hits"] == 1
+    assert no_write["entries"] == locked_publish["entries"]  # nothing half-written
+    assert unstored["measure_calls"] == 1
 
 
 @needs_autotuner
