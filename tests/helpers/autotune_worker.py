@@ -7,7 +7,8 @@ FA4 is cross-compiled for an H200 (sm_90, 132 SMs) under FakeTensorMode. Prints 
     python -m tests.helpers.autotune_worker coupling
     python -m tests.helpers.autotune_worker tune STEPS_JSON
     # STEPS_JSON: [{"seqlen": 256, "candidates": ["default", "tile_n64"], "fault": "lock"}, ...]
-    # (fault: optional; "key encoding", "lock" or "store write" raises in that step)
+    # Optional: "fault" ("key encoding", "lock" or "store write" raises in that step), "wait" (a
+    # file to wait for before tuning), "hold" (seconds the stand-in timing takes).
 
 ``tune`` calls ``tune_fwd_config`` as a user would, with these stand-ins for what only a GPU
 can answer (:func:`gpu_standins`): the timing (``_measure_configs``: a deterministic chooser, the
@@ -35,6 +36,7 @@ os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
 
 HEADS, HEAD_DIM = 2, 64
 CALLS = {"measure": 0, "barrier": 0, "compile_one": 0}
+HOLD = {"seconds": 0.0}
 
 
 def _result(**kw: Any) -> None:
@@ -121,6 +123,7 @@ def gpu_standins(autotune: Any) -> None:
 
     def measure(configs: Any, kwargs: Any) -> Any:
         CALLS["measure"] += 1
+        time.sleep(HOLD["seconds"])  # a tuning that takes a while (the single-flight test)
         return min(configs, key=lambda c: c.tile_n)
 
     autotune._normalize_kwargs = normalize
@@ -273,6 +276,9 @@ def main() -> None:
         before = dict(CALLS)
         counts = _counts(store)
         warnings.seen.clear()
+        HOLD["seconds"] = step.get("hold", 0.0)
+        while step.get("wait") and not os.path.exists(step["wait"]):  # line processes up
+            time.sleep(0.01)
         with _fault(step.get("fault"), store):
             t0 = time.perf_counter()
             winner = autotune.tune_fwd_config(configs, forward_kwargs(step["seqlen"]), compile_workers=2)

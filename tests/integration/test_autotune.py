@@ -135,6 +135,36 @@ def test_the_winner_is_kept_in_the_store_for_the_next_process(tmp_path: Path) ->
 
 
 @needs_autotuner
+@pytest.mark.compile
+def test_two_processes_tuning_the_same_call_tune_once(tmp_path: Path) -> None:
+    store, go = tmp_path / "store", tmp_path / "go"
+    step = json.dumps([{"seqlen": 256, "candidates": DEFAULT_AND_VARIANT, "wait": str(go), "hold": 5.0}])
+    env = dict(worker_env(store), FA4CACHE_COMPILE_AHEAD="0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.autotune_worker", "tune", step],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    go.touch()
+    rows = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-5000:]
+        rows += [json.loads(ln[len("RESULT ") :]) for ln in out.splitlines() if ln.startswith("RESULT ")]
+    # One tuned (its timing took 5 s, under the key's lock); the other waited and loaded its winner.
+    assert sorted(r["measure_calls"] for r in rows) == [0, 1], rows
+    assert sorted(r["autotune_hits"] for r in rows) == [0, 1], rows
+    assert rows[0]["winner"] == rows[1]["winner"]
+    assert 0 == rows[0]["compiles"] == rows[1]["compiles"]
+
+
+@needs_autotuner
 def test_the_autotuner_is_routed_only_while_installed_and_only_where_the_coupling_is_on(
     tmp_path: Path,
 ) -> None:
