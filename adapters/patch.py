@@ -19,6 +19,7 @@ import threading
 import types
 from typing import Any
 
+from fa4cache.adapters.fa4 import autotune as fa4_autotune
 from fa4cache.adapters.fa4 import cross_compile, dsl_caches, events, fail_open, interval_masking, mask_tiles
 from fa4cache.adapters.fa4 import keys as fa4_keys
 from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
@@ -101,6 +102,8 @@ def _prepare(inst: Route, module: types.ModuleType) -> None:
         if fa4_releases.on(Coupling.CROSS_COMPILE):
             cross_compile.answer_hardware_queries()
         inst.toolchain()
+    elif module.__name__ == fa4_autotune.MODULE and fa4_releases.on(Coupling.AUTOTUNE):
+        fa4_autotune.apply(inst, module)
 
 
 def _patch_loaded(inst: Route) -> None:
@@ -219,4 +222,5 @@ def uninstall() -> None:
             setattr(p.module, p.name, p.original_fn)
         for module, name, original_hash in reversed(inst.hash_patches):
             setattr(module, name, original_hash)
+        fa4_autotune.revert()
         _installed = None
