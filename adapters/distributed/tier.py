@@ -245,7 +245,9 @@ class DistributedTier:
             self._key, self._no_key = key, ("" if key is not None else why)
             if key is not None:
                 self.prefix = f"{PREFIX}/{key.id}"
-                log.info("fa4cache: the torch.distributed tier authenticates with the secret of %s", key.source)
+                log.info(
+                    "fa4cache: the torch.distributed tier authenticates with the secret of %s", key.source
+                )
         if self._key is None:
             self._warn(
                 "nokey",
@@ -269,7 +271,11 @@ class DistributedTier:
 
         # Our own connection to the job's store server: our timeouts, our socket.
         client = dist.TCPStore(
-            host, port, is_master=False, timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False
+            host,
+            port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self.timeout),
+            wait_for_workers=False,
         )
         self._address = f"{host}:{port}"
         return dist.PrefixStore(self.prefix, client)
@@ -407,9 +413,11 @@ class DistributedTier:
                 if cur == mine:
                     break
                 # Only one waiter's compare_set sees the value it read: that one takes over.
-                if self._expired(digest, cur) and _text(
-                    self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m))
-                ) == mine:
+                if (
+                    self._expired(digest, cur)
+                    and _text(self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m)))
+                    == mine
+                ):
                     self.handovers += 1
                     log.info("fa4cache: took over the compile lease of %s from %s", digest[:16], cur)
                     break
@@ -468,15 +476,15 @@ class DistributedTier:
         # A dead holder that this process can see: at once (same host, same pid namespace).
         owner = cur.rpartition(" ")[0]
         host, pid, namespace = (owner.split(":") + ["", "", ""])[:3]
-        return (
-            host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
-        )
+        return host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
 
     def _hold(self, digest: str, value: str) -> None:
         with self._lock:
             self._held_value[digest] = value
             if self._renewer is None:
-                self._renewer = threading.Thread(target=self._renew_loop, name="fa4cache-dist-lease", daemon=True)
+                self._renewer = threading.Thread(
+                    target=self._renew_loop, name="fa4cache-dist-lease", daemon=True
+                )
                 self._renewer.start()
 
     def _renew_loop(self) -> None:
@@ -492,7 +500,12 @@ class DistributedTier:
             for digest, old in held.items():
                 new = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
                 try:
-                    if _text(self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))) != new:
+                    if (
+                        _text(
+                            self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))
+                        )
+                        != new
+                    ):
                         continue
                     with self._lock:
                         still = digest in self._held_value
@@ -553,7 +566,9 @@ class _NoCounters:
         pass
 
 
-def single_flight_mode(remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None) -> tuple[str, str]:
+def single_flight_mode(
+    remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None
+) -> tuple[str, str]:
     """``doctor``'s line on how one compile per key is kept: (status, words)."""
     tier = remote_tier or ("torch.distributed" if distributed else None)
     if tier and "ray_integration" in tier:

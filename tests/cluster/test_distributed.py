@@ -22,7 +22,9 @@ SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(
 SECRET = os.urandom(16).hex()
 
 
-def torchrun(tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str) -> list[dict[str, Any]]:
+def torchrun(
+    tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str
+) -> list[dict[str, Any]]:
     """Run ``tests.helpers.dist_worker`` under torchrun; the ranks' RESULT lines, by rank."""
     # "Nodes" have stores of their own: they share through the job's store only under one secret.
     full = {**os.environ, "PYTHONPATH": str(ROOT), "FA4CACHE_COMPILE_AHEAD": "0", "OMP_NUM_THREADS": "1",
@@ -89,7 +91,9 @@ def test_split_kernel_set_across_four_nodes(tmp_path: Path) -> None:
     rng = random.Random(SEED + 1)
     offset, keys, nodes = rng.randrange(1000), 8, 4
     print(f"seed {SEED}: keys {offset}..{offset + keys - 1}")
-    ranks = torchrun(tmp_path, nodes, "split", "--keys", str(keys), "--offset", str(offset), "--seconds", "0.4")
+    ranks = torchrun(
+        tmp_path, nodes, "split", "--keys", str(keys), "--offset", str(offset), "--seconds", "0.4"
+    )
     splits = [r["split"] for r in ranks]
     assert sum(s["compiles"] for s in splits) == keys, splits  # each kernel once, job-wide
     assert all(s["compiles"] + s["remote_hits"] == keys for s in splits), splits
@@ -126,7 +130,9 @@ def test_without_a_process_group_nothing_changes(tmp_path: Path) -> None:
     ref = EntryRef("fa4e000000000000cafe", "fwd", "0" * 64)
     assert store.remote.get(ref) is None and store.remote.acquire(ref.digest, 5) is False
     assert not store.remote.active()
-    assert Store.at(tmp_path / "c", distributed=True, remote_tier="os:getcwd").remote is None  # named tier wins
+    assert (
+        Store.at(tmp_path / "c", distributed=True, remote_tier="os:getcwd").remote is None
+    )  # named tier wins
 
 
 def test_manifest_and_copy_checks() -> None:
@@ -181,6 +187,7 @@ def test_no_library_code_issues_a_collective() -> None:
         "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv",
         "send_object_list", "recv_object_list", "new_group", "new_subgroups",
     }  # fmt: skip
+
     def is_dist(base: ast.expr) -> bool:  # dist, c10d, torch.distributed, ...distributed_c10d
         name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
         return name in ("dist", "c10d", "distributed", "distributed_c10d") or "dist" in name
@@ -228,7 +235,9 @@ def test_compile_ahead_in_a_job_compiles_each_kernel_once(tmp_path: Path) -> Non
     assert sum(r["real"]["remote_hits"] for r in ranks) >= 4, ranks  # the other node fetched all
 
 
-def test_the_job_key_comes_from_the_setting_or_a_private_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_job_key_comes_from_the_setting_or_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stat
 
     from fa4cache.store.auth import SECRET_FILE, job_key

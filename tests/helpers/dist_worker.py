@@ -240,9 +240,9 @@ def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[s
     after it rank 1 ask for the key. A fake kernel returns ``x + key``: the attacker's
     returns ``x + 1000000``."""
     import torch.distributed as dist
-    from fa4cache.hashing import encode_key
     from torch.distributed.distributed_c10d import _get_default_store
 
+    from fa4cache.hashing import encode_key
     from tests.helpers.fake_compiler import FakeFA4
 
     fake = FakeFA4(store, compile_seconds=0)

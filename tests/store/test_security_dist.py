@@ -22,7 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.store.test_security import ATTACKER, User, people  # noqa: F401 (the fixture)
+from tests.store import test_security
+from tests.store.test_security import ATTACKER, User
+
+people = test_security.people  # the victim and attacker users (a module-scoped fixture)
 
 pytest.importorskip("torch.distributed")
 
@@ -80,7 +83,9 @@ def _job(base: Path, attack: str, attacker: User, key: int) -> list[dict[str, An
         "-m", "tests.helpers.dist_worker", "--scenario", "attack", "--attack", attack, "--base", str(base),
         "--offset", str(key),
     ]  # fmt: skip
-    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not (pub / "job.json").exists():
