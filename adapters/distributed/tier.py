@@ -205,6 +205,7 @@ class DistributedTier:
         self._joined = False  # saw a process group (so its end is news)
         self._address: str | None = None  # host:port of the job's TCPStore, once connected
         self._key: JobKey | None = None
+        self._ids: Any = None  # fa4cache/v2 itself: which key ids the job's ranks use
         self._no_key = ""  # why there is no key (then the tier stays off)
         self.prefix = ""  # fa4cache/v2/<key id>, once connected
         self._refused: dict[str, bytes] = {}  # digest -> a manifest refused here (replaced on upload)
@@ -262,7 +263,29 @@ class DistributedTier:
                 except Exception as e:
                     self._fail(e)
                     return None
+                self._note_key()
             return self._store
+
+    def _note_key(self) -> None:
+        """Say once when the job's ranks hold different secrets: each shares only with ranks
+        of its own (a multi-node job without FA4CACHE_JOB_SECRET, stores not shared). Only
+        a hint: anyone can append to this list, and nothing trusts it."""
+        ids_store, key = self._ids, self._key
+        if ids_store is None or key is None:
+            return
+        try:
+            self._call(lambda: ids_store.append("ids", f"{key.id} "))
+            ids = set(_text(self._call(lambda: ids_store.get("ids"))).split())
+        except Exception as e:
+            log.debug("fa4cache: could not compare job keys: %s", e)
+            return
+        if len(ids) > 1:
+            self._warn(
+                "keys",
+                f"fa4cache: ranks of this job authenticate with {len(ids)} different secrets (this one: "
+                f"{key.source}); each shares kernels only with ranks of the same secret. Set one "
+                "FA4CACHE_JOB_SECRET for the whole job (docs/security.md) (shown once)",
+            )
 
     def _client(self, host: str, port: int) -> Any:
         import datetime
@@ -278,6 +301,7 @@ class DistributedTier:
             wait_for_workers=False,
         )
         self._address = f"{host}:{port}"
+        self._ids = dist.PrefixStore(PREFIX, client)
         return dist.PrefixStore(self.prefix, client)
 
     def _open(self, dist: Any) -> Any:
@@ -289,6 +313,7 @@ class DistributedTier:
             under = under.underlying_store
         if isinstance(under, dist.TCPStore):
             return self._client(under.host, under.port)
+        self._ids = dist.PrefixStore(PREFIX, default)
         return dist.PrefixStore(self.prefix, default)
 
     def _open_address(self, address: str) -> Any:

@@ -23,13 +23,13 @@ SECRET = os.urandom(16).hex()
 
 
 def torchrun(
-    tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str
+    tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str | None
 ) -> list[dict[str, Any]]:
     """Run ``tests.helpers.dist_worker`` under torchrun; the ranks' RESULT lines, by rank."""
     # "Nodes" have stores of their own: they share through the job's store only under one secret.
     full = {**os.environ, "PYTHONPATH": str(ROOT), "FA4CACHE_COMPILE_AHEAD": "0", "OMP_NUM_THREADS": "1",
             "FA4CACHE_JOB_SECRET": SECRET, **env}  # fmt: skip
-    full.pop("FA4CACHE_DIR", None)
+    full = {k: v for k, v in full.items() if v is not None and k != "FA4CACHE_DIR"}  # None: unset
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "tests.helpers.dist_worker", "--scenario", scenario, "--base", str(tmp_path), *args,
@@ -268,3 +268,13 @@ def test_without_a_job_secret_ranks_compile_locally_and_say_why(tmp_path: Path) 
         assert r["cold"]["compiles"] == 2 and r["cold"]["remote_hits"] == 0, r  # nothing from the store
         said = [w for w in r["warnings"] if "no job secret for the torch.distributed tier" in w]
         assert len(said) == 1 and "fewer than 16" in said[0], r["warnings"]
+
+
+def test_nodes_with_different_secrets_share_nothing_and_say_so(tmp_path: Path) -> None:
+    # No FA4CACHE_JOB_SECRET: each "node" has its own store, so its own job-secret file. Each
+    # keeps to its own namespace of the job's store: no refusals, each compiles its kernels.
+    ranks = torchrun(tmp_path, 2, "cold", "--keys", "2", "--seconds", "0", FA4CACHE_JOB_SECRET=None)
+    assert [r["cold"]["compiles"] for r in ranks] == [2, 2], ranks
+    warned = [w for r in ranks for w in r["warnings"]]
+    assert not any("not signed by this job" in w for w in warned), warned
+    assert any("2 different secrets" in w and "FA4CACHE_JOB_SECRET" in w for w in warned), warned
