@@ -22,7 +22,7 @@ is destroyed. While it exists:
   the sidecar, the sidecar's key text against the digest asked for, its fields against the
   ref); only then does the store publish them locally, and they load from there.
 * **One compile per key, job-wide.** Before a compile (the node's file lock held) a rank
-  takes the key's lease, ``fa4cache/v1/l/<digest>`` = ``<owner> <deadline>``, with
+  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline>``, with
   ``compare_set`` (atomic on the store's server). Its holder renews it every third of
   ``FA4CACHE_CLUSTER_LEASE`` while compiling and empties it after publishing. A waiter
   polls; it takes the lease over (``compare_set`` against the value it saw, so only one
