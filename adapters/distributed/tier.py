@@ -22,7 +22,7 @@ is destroyed. While it exists:
   the sidecar, the sidecar's key text against the digest asked for, its fields against the
   ref); only then does the store publish them locally, and they load from there.
 * **One compile per key, job-wide.** Before a compile (the node's file lock held) a rank
-  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline>``, with
+  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline> <MAC>``, with
   ``compare_set`` (atomic on the store's server). Its holder renews it every third of
   ``FA4CACHE_CLUSTER_LEASE`` while compiling and empties it after publishing. A waiter
   polls; it takes the lease over (``compare_set`` against the value it saw, so only one
@@ -39,8 +39,8 @@ is destroyed. While it exists:
   calls for :data:`RETRY_AFTER` seconds. Nothing waits longer than the lock timeout.
 
 Trust (docs/security.md): the processes that hold the job's key. Anyone else can write the
-store, but what they write never verifies; they can hold a lease (a delay of at most the
-lock timeout) or delete a copy (a local compile). A rank of the job that uploads wrong bytes
+store, but what they write never verifies: a copy is refused, a lease is taken over at once
+(leases are signed too). They can delete a copy or a lease (a local or a duplicate compile). A rank of the job that uploads wrong bytes
 for the right key is trusted (the copy's sidecar says which rank and host it came from).
 """
 
@@ -433,7 +433,7 @@ class DistributedTier:
             while True:
                 if self._published(st, digest):
                     return False
-                mine = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                mine = self._lease_value(digest)
                 cur = _text(self._call(lambda m=mine: st.compare_set(lease_key(digest), "", m)))
                 if cur == mine:
                     break
@@ -444,7 +444,7 @@ class DistributedTier:
                     == mine
                 ):
                     self.handovers += 1
-                    log.info("fa4cache: took over the compile lease of %s from %s", digest[:16], cur)
+                    log.info("fa4cache: took over the compile lease of %s from %r", digest[:16], cur[:120])
                     break
                 left = end - time.monotonic()
                 if left <= 0:
@@ -498,10 +498,21 @@ class DistributedTier:
             self._seen[digest] = seen = (cur, now)
         if now - seen[1] > self.lease_seconds:
             return True  # not renewed for a lease time (or not a lease at all: damage)
+        body, _, mac = cur.rpartition(" ")
+        key = self._key
+        if key is None or not key.verify(mac, "lease", digest.encode(), body.encode()):
+            return True  # not a lease of the job's (anyone can write the store): no wait for it
         # A dead holder that this process can see: at once (same host, same pid namespace).
-        owner = cur.rpartition(" ")[0]
+        owner = body.rpartition(" ")[0]
         host, pid, namespace = (owner.split(":") + ["", "", ""])[:3]
         return host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
+
+    def _lease_value(self, digest: str) -> str:
+        """``<owner> <deadline> <MAC>``: a lease only a process holding the job key can write,
+        so one that anybody else wrote is taken over at once instead of waited on."""
+        body = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+        assert self._key is not None  # the tier is off without a key
+        return f"{body} {self._key.sign('lease', digest.encode(), body.encode())}"
 
     def _hold(self, digest: str, value: str) -> None:
         with self._lock:
@@ -523,7 +534,7 @@ class DistributedTier:
             if st is None:
                 continue
             for digest, old in held.items():
-                new = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                new = self._lease_value(digest)
                 try:
                     if (
                         _text(

@@ -232,7 +232,8 @@ def main() -> None:
 
 
 def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[str, Any]:
-    """Two ranks, an attacker in between (tests/store/test_security_dist.py): rank 0 first
+    """Two ranks, an attacker in between (tests/store/test_security_dist.py; ``lease``: it
+    holds the key's lease instead of writing a copy): rank 0 first
     compiles what the attack needs (``swap``: the key itself; ``forge``: another key, whose
     signed manifest the attacker copies), then says where the job's store is in
     ``<base>/pub/job.json`` (what an attacker learns from ``/proc/net/tcp``, the public key
@@ -248,7 +249,7 @@ def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[s
     fake = FakeFA4(store, compile_seconds=0)
     pub = base / "pub"
     if rank == 0:
-        for k in {"plant": [], "swap": [key], "forge": [key + 1]}[attack]:
+        for k in {"plant": [], "lease": [], "swap": [key], "forge": [key + 1]}[attack]:
             assert fake.call(k, 0) == k
         under = _get_default_store()
         while hasattr(under, "underlying_store"):
@@ -271,8 +272,9 @@ def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[s
     for turn in (0, 1):
         dist.barrier()
         if turn == rank:
-            before = fake.compiles
+            before, t0 = fake.compiles, time.monotonic()
             got = {"value": fake.call(key, 0), "compiles": fake.compiles - before}
+            got["seconds"] = time.monotonic() - t0
     got["remote_hits"] = _counts(store)["remote_hits"]
     return got
 

@@ -51,7 +51,9 @@ data = json.dumps({{"key": 1000000, "fn": "func"}}).encode() * 64  # the attacke
 side = Sidecar.for_data(ref, data, created=1.0, key=info["key_text"]).to_bytes()  # the real key text
 st.set(t.chunk_key(ref.digest, Sidecar.parse(side, ref).sha256, 0), data)
 attack = {attack!r}
-if attack == "plant":  # the best it can sign with: a key from a guessed secret (the default run id)
+if attack == "lease":  # a lease that is renewed for ever would stall every waiter
+    st.set(t.lease_key(ref.digest), "rank1@x:1:ns 99999999999.000 " + "0" * 64)
+elif attack == "plant":  # the best it can sign with: a key from a guessed secret (the default run id)
     if "key" in inspect.signature(t.manifest).parameters:
         from fa4cache.store.auth import from_secret
         m = t.manifest(from_secret(b"none", "guess"), ref.digest, 1, len(data), "rank0@x:1", side)
@@ -62,8 +64,9 @@ else:  # swap: the job's own manifest of this key; forge: of another key; its he
     head = honest.partition(b"\\n")[0].split(b" ")
     head[-3:-1] = [b"1", str(len(data)).encode()]
     m = b" ".join(head) + b"\\n" + side
-st.set(t.obj_key(ref.digest), m)
-print("planted", attack, len(m))
+if attack != "lease":
+    st.set(t.obj_key(ref.digest), m)
+print("planted", attack)
 """
 
 
@@ -130,3 +133,14 @@ def test_an_outsider_cannot_put_bytes_into_a_rank(people: Any, attack: str, met:
     assert len(_refusals(other)) <= 1 and other["attack"]["value"] == key, other
     if attack == "plant":  # rank 0's upload replaced the planted manifest: rank 1 fetched that
         assert other["attack"]["compiles"] == 0 and other["attack"]["remote_hits"] == 1, ranks
+
+
+def test_an_outsiders_lease_is_not_waited_on(people: Any) -> None:
+    """A lease that someone outside the job wrote (and could renew for ever) would make
+    every rank wait ``FA4CACHE_LOCK_TIMEOUT`` (600 s) per kernel; it is taken over at once."""
+    _, attacker, base = people
+    attacker = User(ATTACKER, attacker.home, preload=PRELOAD)
+    ranks = _job(base / "dist-lease", "lease", attacker, 60)
+    first = ranks[0]["attack"]
+    assert first["value"] == 60 and first["compiles"] == 1, ranks
+    assert first["seconds"] < 10, first  # not FA4CACHE_CLUSTER_LEASE (30 s), nor the lock timeout
