@@ -312,12 +312,13 @@ def test_import_verify_refuses_what_it_could_not_rebuild_and_publishes_nothing(t
     assert "0 identical, 0 DIFFERENT, 2 not rebuilt" in r.stdout and "refused the bundle: 2 entries" in r.stdout
     assert "nothing was imported" in r.stdout and "--keep-unverified" in r.stdout
     assert _entries(tmp_path / "b") == set()
-    # Another kernel's spec (here: one that does not compile at all) is no better than none.
+    # A spec that does not compile is no better than none (one that compiles another kernel:
+    # tests/store/test_security_keys.py::test_verify_rebuild_finds_bytes_filed_under_their_right_key).
     wrong = tmp_path / "wrong.fa4b"
 
     def name_a_spec(m: dict[str, Any]) -> None:
         for e in m["entries"]:
-            e["sidecar"]["spec"] = {"mask": "causal", "seqlen": 1}
+            e["sidecar"]["spec"] = {"dtype": "fp64"}
 
     shutil.copy(bundle, wrong)
     rewrite_manifest(wrong, name_a_spec)
