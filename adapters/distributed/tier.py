@@ -22,8 +22,8 @@ is destroyed. While it exists:
   the sidecar, the sidecar's key text against the digest asked for, its fields against the
   ref); only then does the store publish them locally, and they load from there.
 * **One compile per key, job-wide.** Before a compile (the node's file lock held) a rank
-  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline> <MAC>``, with
-  ``compare_set`` (atomic on the store's server). Its holder renews it every third of
+  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline>
+  <MAC>``, with ``compare_set`` (atomic on the store's server). Its holder renews it every third of
   ``FA4CACHE_CLUSTER_LEASE`` while compiling and empties it after publishing. A waiter
   polls; it takes the lease over (``compare_set`` against the value it saw, so only one
   waiter wins) when the deadline passed or the holder is a dead process of this host.
@@ -40,8 +40,9 @@ is destroyed. While it exists:
 
 Trust (docs/security.md): the processes that hold the job's key. Anyone else can write the
 store, but what they write never verifies: a copy is refused, a lease is taken over at once
-(leases are signed too). They can delete a copy or a lease (a local or a duplicate compile). A rank of the job that uploads wrong bytes
-for the right key is trusted (the copy's sidecar says which rank and host it came from).
+(leases are signed too). They can delete a copy or a lease (a local or a duplicate
+compile). A rank of the job that uploads wrong bytes for the right key is trusted (the
+copy's sidecar says which rank and host it came from).
 """
 
 from __future__ import annotations
