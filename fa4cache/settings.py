@@ -190,6 +190,10 @@ SETTINGS: tuple[Setting, ...] = (
             "holder's lease passes to a waiting node after at most this long"),
     Setting("FA4CACHE_CLUSTER_TIMEOUT", parse_seconds, 10.0, "cluster tiers: seconds any one call to "
             "the registry, a peer or the job's c10d store may take before this process compiles locally (one warning)"),
+    Setting("FA4CACHE_JOB_SECRET", parse_text, None, "torch.distributed tier: the secret (16 characters "
+            "or more) that the job's ranks authenticate the kernels they share with; set it in the launcher's "
+            "environment for multi-node jobs (default: a per-user `job-secret` file, 0600, in the store "
+            "directory; see docs/security.md)"),
     Setting("FA4CACHE_BUNDLE", parse_text, None, "a bundle file (`fa4cache bundle export`) that the Ray hook "
             "imports into each node's store at worker start (verified; a bad bundle is refused whole)"),
     Setting("FA4CACHE_BUNDLE_MAX_SIZE", parse_size, 32 << 30, "bundle import: most bytes of artifacts "

@@ -6,17 +6,24 @@ tier (unless ``FA4CACHE_REMOTE_TIER`` names another). It does nothing until the 
 process group exists (``torch.distributed.init_process_group``), and nothing again once it
 is destroyed. While it exists:
 
+* **Authenticated.** The job's store has no authentication: any local user or any host
+  that reaches its port can write it. Every manifest carries an HMAC-SHA256 of the digest
+  it is filed under and of everything in it (the sidecar names the artifact's sha256),
+  under the job's key (:func:`fa4cache.store.auth.job_key`: ``FA4CACHE_JOB_SECRET``, else
+  the per-user secret file in the store directory). A rank loads only what verifies.
+  Without a key the tier stays off (one warning): compiles are local, nothing is read from
+  the store.
 * **Lookup.** A local miss asks the job: kernels published by any rank are kept in the
   job's rendezvous store (the ``TCPStore`` that ``torchrun`` and ``init_process_group``
-  already run), under ``fa4cache/v1/``: a manifest (chunk count, who uploaded it, the
-  entry's sidecar), written after the artifact's chunks (the store's payload limit is
-  8 MiB), so a manifest that exists names chunks that exist. The bytes are verified
-  (:func:`~fa4cache.store.tiers.verify_copy`: sha256 against the sidecar, the sidecar's key
-  text against the digest asked for, its fields against the ref) before the store
-  publishes them locally, and they load from there.
+  already run), under ``fa4cache/v2/<key id>/``: a manifest (its MAC, chunk count, who
+  uploaded it, the entry's sidecar), written after the artifact's chunks (the store's
+  payload limit is 8 MiB), so a manifest that exists names chunks that exist. The MAC is
+  checked first, then the bytes (:func:`~fa4cache.store.tiers.verify_copy`: sha256 against
+  the sidecar, the sidecar's key text against the digest asked for, its fields against the
+  ref); only then does the store publish them locally, and they load from there.
 * **One compile per key, job-wide.** Before a compile (the node's file lock held) a rank
-  takes the key's lease, ``fa4cache/v1/l/<digest>`` = ``<owner> <deadline>``, with
-  ``compare_set`` (atomic on the store's server). Its holder renews it every third of
+  takes the key's lease, ``fa4cache/v2/<key id>/l/<digest>`` = ``<owner> <deadline>
+  <MAC>``, with ``compare_set`` (atomic on the store's server). Its holder renews it every third of
   ``FA4CACHE_CLUSTER_LEASE`` while compiling and empties it after publishing. A waiter
   polls; it takes the lease over (``compare_set`` against the value it saw, so only one
   waiter wins) when the deadline passed or the holder is a dead process of this host.
@@ -31,10 +38,11 @@ is destroyed. While it exists:
 * **Fallback.** Any store error or timeout: one warning, a local compile, and no store
   calls for :data:`RETRY_AFTER` seconds. Nothing waits longer than the lock timeout.
 
-Trust: the job is the trust boundary (docs/security.md). Any rank can write any key of the
-store; checksums and the key check catch damage and bytes filed under another key, not a
-rank of the job that uploads wrong bytes for the right key (provenance in the copy's
-sidecar says which rank and host it came from).
+Trust (docs/security.md): the processes that hold the job's key. Anyone else can write the
+store, but what they write never verifies: a copy is refused, a lease is taken over at once
+(leases are signed too). They can delete a copy or a lease (a local or a duplicate
+compile). A rank of the job that uploads wrong bytes for the right key is trusted (the
+copy's sidecar says which rank and host it came from).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4cache.settings import setting
+from fa4cache.store.auth import JobKey, job_key
 from fa4cache.store.paths import EntryRef
 from fa4cache.store.secure_io import pid_alive
 from fa4cache.store.sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
@@ -58,7 +67,7 @@ from fa4cache.store.tiers import Artifact, verify_copy
 
 log = logging.getLogger(__name__)
 
-PREFIX = "fa4cache/v1"  # PrefixStore adds the "/"
+PREFIX = "fa4cache/v2"  # then the key's id; PrefixStore adds the "/"
 CHUNK = 4 << 20  # below the TCPStore server's 8 MiB payload limit
 RETRY_AFTER = 60.0  # seconds without store calls after a failure
 POLL = 0.2  # first wait between lease checks (doubles up to POLL_MAX)
@@ -67,7 +76,7 @@ POLL_MAX = 1.0
 # outside the group (no rank of its own) that compiles ahead for that rank, under the same
 # leases, and uploads what it compiles. Internal plumbing between the two, not a setting.
 JOB_STORE_ENV = "FA4CACHE_JOB_STORE"
-MAGIC = b"FA4D1"
+MAGIC = b"FA4D2"
 
 
 def _dist() -> Any | None:
@@ -100,18 +109,36 @@ def served_key(source: str) -> str:
     return f"s/{source}"
 
 
-def manifest(nchunks: int, size: int, source: str, sidecar: bytes) -> bytes:
-    return b"%s %d %d %s\n" % (MAGIC, nchunks, size, source.encode()) + sidecar
+def manifest(key: JobKey, digest: str, nchunks: int, size: int, source: str, sidecar: bytes) -> bytes:
+    body = b"%d %d %s\n" % (nchunks, size, source.encode()) + sidecar
+    return b"%s %s " % (MAGIC, key.sign("manifest", digest.encode(), body).encode()) + body
 
 
-def parse_manifest(value: bytes) -> tuple[int, int, str, bytes] | None:
-    head, sep, side = value.partition(b"\n")
-    parts = head.split(b" ", 3)
-    if not sep or len(parts) != 4 or parts[0] != MAGIC or len(side) > MAX_SIDECAR_BYTES:
+class Unsigned(ValueError):
+    """A manifest whose MAC does not verify under this job's key: not from the job."""
+
+
+def parse_manifest(value: bytes, key: JobKey, digest: str) -> tuple[int, int, str, bytes] | None:
+    """(chunks, size, source, sidecar) of an authentic manifest for ``digest``; None for one
+    that is malformed. Raises :class:`Unsigned` when the MAC does not verify (checked before
+    anything in it is believed)."""
+    magic, _, rest = value.partition(b" ")
+    mac, _, body = rest.partition(b" ")
+    if magic != MAGIC or len(value) > MAX_SIDECAR_BYTES + 256:
+        raise Unsigned("not a manifest of this format")
+    try:
+        ok = key.verify(mac.decode("ascii"), "manifest", digest.encode(), body)
+    except UnicodeDecodeError:
+        ok = False
+    if not ok:
+        raise Unsigned("its MAC does not verify under this job's key")
+    head, sep, side = body.partition(b"\n")
+    parts = head.split(b" ", 2)
+    if not sep or len(parts) != 3:
         return None
     try:
-        n, size = int(parts[1]), int(parts[2])
-        source = parts[3].decode()
+        n, size = int(parts[0]), int(parts[1])
+        source = parts[2].decode()
     except (ValueError, UnicodeDecodeError):
         return None
     if not (0 < n <= MAX_ARTIFACT_BYTES // CHUNK + 1 and 0 < size <= MAX_ARTIFACT_BYTES):
@@ -178,6 +205,11 @@ class DistributedTier:
         self._renewer: threading.Thread | None = None
         self._joined = False  # saw a process group (so its end is news)
         self._address: str | None = None  # host:port of the job's TCPStore, once connected
+        self._key: JobKey | None = None
+        self._ids: Any = None  # fa4cache/v2 itself: which key ids the job's ranks use
+        self._no_key = ""  # why there is no key (then the tier stays off)
+        self.prefix = ""  # fa4cache/v2/<key id>, once connected
+        self._refused: dict[str, bytes] = {}  # digest -> a manifest refused here (replaced on upload)
         # digest -> (lease value, when this process first saw it): a lease is stale when its
         # value has not changed for a lease time by this process's own clock (its holder
         # renews it, changing the value, every third of that), whatever the hosts' clocks say.
@@ -210,6 +242,21 @@ class DistributedTier:
         self._joined = dist is not None
         if time.monotonic() < self._down_until:
             return None
+        if self._key is None and not self._no_key:
+            key, why = job_key(self.root)
+            self._key, self._no_key = key, ("" if key is not None else why)
+            if key is not None:
+                self.prefix = f"{PREFIX}/{key.id}"
+                log.info(
+                    "fa4cache: the torch.distributed tier authenticates with the secret of %s", key.source
+                )
+        if self._key is None:
+            self._warn(
+                "nokey",
+                f"fa4cache: no job secret for the torch.distributed tier ({self._no_key}); compiling locally "
+                "and reading nothing from the job's store (shown once)",
+            )
+            return None
         with self._lock:
             if self._store is None:
                 try:
@@ -217,7 +264,29 @@ class DistributedTier:
                 except Exception as e:
                     self._fail(e)
                     return None
+                self._note_key()
             return self._store
+
+    def _note_key(self) -> None:
+        """Say once when the job's ranks hold different secrets: each shares only with ranks
+        of its own (a multi-node job without FA4CACHE_JOB_SECRET, stores not shared). Only
+        a hint: anyone can append to this list, and nothing trusts it."""
+        ids_store, key = self._ids, self._key
+        if ids_store is None or key is None:
+            return
+        try:
+            self._call(lambda: ids_store.append("ids", f"{key.id} "))
+            ids = set(_text(self._call(lambda: ids_store.get("ids"))).split())
+        except Exception as e:
+            log.debug("fa4cache: could not compare job keys: %s", e)
+            return
+        if len(ids) > 1:
+            self._warn(
+                "keys",
+                f"fa4cache: ranks of this job authenticate with {len(ids)} different secrets (this one: "
+                f"{key.source}); each shares kernels only with ranks of the same secret. Set one "
+                "FA4CACHE_JOB_SECRET for the whole job (docs/security.md) (shown once)",
+            )
 
     def _client(self, host: str, port: int) -> Any:
         import datetime
@@ -226,10 +295,15 @@ class DistributedTier:
 
         # Our own connection to the job's store server: our timeouts, our socket.
         client = dist.TCPStore(
-            host, port, is_master=False, timeout=datetime.timedelta(seconds=self.timeout), wait_for_workers=False
+            host,
+            port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self.timeout),
+            wait_for_workers=False,
         )
         self._address = f"{host}:{port}"
-        return dist.PrefixStore(PREFIX, client)
+        self._ids = dist.PrefixStore(PREFIX, client)
+        return dist.PrefixStore(self.prefix, client)
 
     def _open(self, dist: Any) -> Any:
         from torch.distributed.distributed_c10d import _get_default_store
@@ -240,7 +314,8 @@ class DistributedTier:
             under = under.underlying_store
         if isinstance(under, dist.TCPStore):
             return self._client(under.host, under.port)
-        return dist.PrefixStore(PREFIX, default)
+        self._ids = dist.PrefixStore(PREFIX, default)
+        return dist.PrefixStore(self.prefix, default)
 
     def _open_address(self, address: str) -> Any:
         host, _, port = address.rpartition(":")
@@ -276,14 +351,25 @@ class DistributedTier:
     # -- the Tier protocol --------------------------------------------------------------
     def get(self, ref: EntryRef) -> Artifact | None:
         st = self._connect()
-        if st is None:
+        if st is None or self._key is None:
             return None
         t0 = time.perf_counter()
         try:
             key = obj_key(ref.digest)
             if not self._call(lambda: st.check([key])):
                 return None
-            got = parse_manifest(self._call(lambda: st.get(key)))
+            value = self._call(lambda: st.get(key))
+            try:
+                got = parse_manifest(value, self._key, ref.digest)
+            except Unsigned as e:
+                self._refused[ref.digest] = value
+                self._warn(
+                    f"bad:{ref.digest}",
+                    f"fa4cache: the copy of {ref.kind} entry {ref.digest[:16]} in the job's store is not "
+                    f"signed by this job ({e}: someone outside the job wrote it, or a rank with another "
+                    "FA4CACHE_JOB_SECRET); not loading it, compiling here",
+                )
+                return None
             side_ok = Sidecar.parse(got[3], ref) if got is not None else None
             if got is None or side_ok is None:
                 art, source = None, got[2] if got is not None else "?"
@@ -296,6 +382,7 @@ class DistributedTier:
             self._fail(e)
             return None
         if art is None:
+            self._refused[ref.digest] = value
             self._warn(
                 f"bad:{ref.digest}",
                 f"fa4cache: the job's copy of {ref.kind} entry {ref.digest[:16]} (from {source}) does "
@@ -311,10 +398,12 @@ class DistributedTier:
     def announce(self, ref: EntryRef) -> None:
         """Upload the local copy of ``ref`` to the job's store unless a copy is there."""
         st = self._connect()
-        if st is None:
+        if st is None or self._key is None:
             return
+        key = self._key
         try:
-            if self._call(lambda: st.check([obj_key(ref.digest)])):
+            refused = self._refused.pop(ref.digest, None)
+            if refused is None and self._call(lambda: st.check([obj_key(ref.digest)])):
                 return
             art = self._local_dir().get(ref)
             if art is None or art.sidecar.key is None:  # no key text: nothing binds the copy
@@ -323,9 +412,10 @@ class DistributedTier:
             chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
             for i, c in enumerate(chunks):
                 self._call(lambda i=i, c=c: st.set(chunk_key(ref.digest, sha, i), c))
-            value = manifest(len(chunks), len(data), self.served_as, art.sidecar.to_bytes())
+            value = manifest(key, ref.digest, len(chunks), len(data), self.served_as, art.sidecar.to_bytes())
             # The first manifest stays: a second uploader's chunks sit under their own names.
-            self._call(lambda: st.compare_set(obj_key(ref.digest), "", value))
+            # One this rank refused (not the job's, or damaged) is replaced, if still there.
+            self._call(lambda: st.compare_set(obj_key(ref.digest), refused or "", value))
             self.uploaded += 1
         except Exception as e:
             self._fail(e)
@@ -344,16 +434,18 @@ class DistributedTier:
             while True:
                 if self._published(st, digest):
                     return False
-                mine = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                mine = self._lease_value(digest)
                 cur = _text(self._call(lambda m=mine: st.compare_set(lease_key(digest), "", m)))
                 if cur == mine:
                     break
                 # Only one waiter's compare_set sees the value it read: that one takes over.
-                if self._expired(digest, cur) and _text(
-                    self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m))
-                ) == mine:
+                if (
+                    self._expired(digest, cur)
+                    and _text(self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m)))
+                    == mine
+                ):
                     self.handovers += 1
-                    log.info("fa4cache: took over the compile lease of %s from %s", digest[:16], cur)
+                    log.info("fa4cache: took over the compile lease of %s from %r", digest[:16], cur[:120])
                     break
                 left = end - time.monotonic()
                 if left <= 0:
@@ -391,7 +483,12 @@ class DistributedTier:
         return self._local
 
     def _published(self, st: Any, digest: str) -> bool:
-        return bool(self._call(lambda: st.check([obj_key(digest)])))
+        """A manifest is there, and not the one this rank refused (then compile: under the
+        lease, and the upload replaces it)."""
+        if not self._call(lambda: st.check([obj_key(digest)])):
+            return False
+        refused = self._refused.get(digest)
+        return refused is None or self._call(lambda: st.get(obj_key(digest))) != refused
 
     def _expired(self, digest: str, cur: str) -> bool:
         if not cur:
@@ -402,18 +499,29 @@ class DistributedTier:
             self._seen[digest] = seen = (cur, now)
         if now - seen[1] > self.lease_seconds:
             return True  # not renewed for a lease time (or not a lease at all: damage)
+        body, _, mac = cur.rpartition(" ")
+        key = self._key
+        if key is None or not key.verify(mac, "lease", digest.encode(), body.encode()):
+            return True  # not a lease of the job's (anyone can write the store): no wait for it
         # A dead holder that this process can see: at once (same host, same pid namespace).
-        owner = cur.rpartition(" ")[0]
+        owner = body.rpartition(" ")[0]
         host, pid, namespace = (owner.split(":") + ["", "", ""])[:3]
-        return (
-            host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
-        )
+        return host == self.host and namespace == self.namespace and pid.isdigit() and not pid_alive(int(pid))
+
+    def _lease_value(self, digest: str) -> str:
+        """``<owner> <deadline> <MAC>``: a lease only a process holding the job key can write,
+        so one that anybody else wrote is taken over at once instead of waited on."""
+        body = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+        assert self._key is not None  # the tier is off without a key
+        return f"{body} {self._key.sign('lease', digest.encode(), body.encode())}"
 
     def _hold(self, digest: str, value: str) -> None:
         with self._lock:
             self._held_value[digest] = value
             if self._renewer is None:
-                self._renewer = threading.Thread(target=self._renew_loop, name="fa4cache-dist-lease", daemon=True)
+                self._renewer = threading.Thread(
+                    target=self._renew_loop, name="fa4cache-dist-lease", daemon=True
+                )
                 self._renewer.start()
 
     def _renew_loop(self) -> None:
@@ -427,9 +535,14 @@ class DistributedTier:
             if st is None:
                 continue
             for digest, old in held.items():
-                new = f"{self.owner} {time.time() + self.lease_seconds:.3f}"
+                new = self._lease_value(digest)
                 try:
-                    if _text(self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))) != new:
+                    if (
+                        _text(
+                            self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))
+                        )
+                        != new
+                    ):
                         continue
                     with self._lock:
                         still = digest in self._held_value
@@ -490,7 +603,9 @@ class _NoCounters:
         pass
 
 
-def single_flight_mode(remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None) -> tuple[str, str]:
+def single_flight_mode(
+    remote_tier: str | None, distributed: bool, shared_fs: bool, locks_work: bool | None
+) -> tuple[str, str]:
     """``doctor``'s line on how one compile per key is kept: (status, words)."""
     tier = remote_tier or ("torch.distributed" if distributed else None)
     if tier and "ray_integration" in tier:

@@ -43,15 +43,17 @@ from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
 
+from fa4cache.adapters.fa4 import dsl_caches
 from fa4cache.adapters.fa4.compile_cache import StoreCompileCache
 from fa4cache.adapters.route import Route
 
+from fa4cache import warmth
 from fa4cache.arch import parse_arch, resolved_arch, target_num_sms
 from fa4cache.errors import ConfigError, UnkeyableCode, UnstableKeyError
 from fa4cache.fingerprint import Toolchain, toolchain
 from fa4cache.hashing import encode_key, key_digest
 from fa4cache.identity import Identity, current
-from fa4cache.settings import Settings
+from fa4cache.settings import Settings, setting
 from fa4cache.store import counters as _counters
 from fa4cache.store import runtime
 from fa4cache.store.paths import EntryRef
@@ -284,6 +286,7 @@ class JitState:
                 self._warned = True
                 log.warning("fa4cache: %s compiles in memory only, never stored: %s", self.qualified, e)
             store.count("memory_only_compiles")
+            warmth.check(self.kind, f"its code cannot be keyed, so it is never stored ({e})")
             return self._memory_only(key, args, kwargs)
         except UnstableKeyError:
             if not self.library:
@@ -294,6 +297,7 @@ class JitState:
                 log.warning(
                     "fa4cache: %s key has no stable encoding; compiling it in memory only", self.qualified
                 )
+            warmth.check(self.kind, "its key has no stable encoding, so it is never stored")
             return self._memory_only(key, args, kwargs)
         if self.pool_hook is not None:
             self.pool_hook(self, self.entry(canonical), args, kwargs)
@@ -414,6 +418,10 @@ def jit_cache(fn: Callable[..., Any] | None = None, *, kind: str | None = None) 
             raise TypeError(f"fa4cache.jit_cache decorates a function, got {type(f).__name__}")
         k = kind if kind is not None else user_kind(f.__qualname__)
         EntryRef("0" * 20, k, "0" * 64)  # validates the kind now, not at the first miss
+        if not setting("FA4CACHE_DISABLE"):
+            # As install() does: the DSL's own /tmp file cache is another user's to squat
+            # (docs/security.md); this process's kernels are kept in the store instead.
+            dsl_caches.close()
         return make_wrapper(f, k, library=False)
 
     return deco(fn) if fn is not None else deco

@@ -34,8 +34,15 @@ def add_bundle_parser(sub: Any) -> None:
     i.add_argument(
         "--verify",
         action="store_true",
-        help="then compile the imported entries that record a spec again on this machine and "
-        "quarantine any whose bytes differ (minutes per spec on the CPU)",
+        help="import only entries that compile again here to the same bytes: each is rebuilt from "
+        "the spec it records (minutes per spec on the CPU) before anything is published; any entry "
+        "that differs, or that cannot be rebuilt, refuses the whole bundle (exit 1)",
+    )
+    i.add_argument(
+        "--keep-unverified",
+        action="store_true",
+        help="with --verify: also import the entries that cannot be rebuilt here (no spec, another "
+        "toolchain), trusting their producer for those; entries that differ are still refused",
     )
     i.set_defaults(func=cmd_import)
     w = bsub.add_parser("show", help="verify FILE and say what it holds (writes nothing)")
@@ -128,7 +135,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     from fa4cache.store.bundle import import_bundle
     from fa4cache.store.store import Store
 
+    if args.keep_unverified and not args.verify:
+        raise ConfigError("--keep-unverified only makes sense with --verify")
     store = Store(writable_store_settings(args))
+    if args.verify:
+        return _import_rebuilt(args, store)
     r = import_bundle(store, _bundle_path(args.file))
     busy = f", {r.busy} being compiled here (skipped)" if r.busy else ""
     print(
@@ -136,25 +147,73 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"bundle made by {_producer(r.producer)}, toolchain(s) {', '.join(r.toolchains) or '-'}"
     )
     _print_fit(args)
-    return _rebuild_imported(store, r.imported_refs) if args.verify else 0
+    return 0
 
 
-def _rebuild_imported(store: Any, refs: tuple[Any, ...]) -> int:
-    """Rebuild what was imported; quarantine what differs (the bundle's producer filed bytes
-    that its keys do not compile to here)."""
+def _import_rebuilt(args: argparse.Namespace, store: Any) -> int:
+    """``import --verify``: the bundle is imported into a scratch store, every entry the
+    target store lacks is rebuilt from its recorded spec, and only then is what was rebuilt
+    identical (plus, with ``--keep-unverified``, what could not be rebuilt) published into
+    ``store``, from the scratch copies that were compared. Anything DIFFERENT, or anything
+    not rebuilt without ``--keep-unverified``, refuses the whole bundle: nothing is published."""
+    import tempfile
+
     from fa4cache.adapters.compile import rebuild
+    from fa4cache.store.bundle import _toolchain_description, import_bundle, publish_entries
+    from fa4cache.store.store import Store
 
-    r = rebuild(store, only=set(refs))
+    path = _bundle_path(args.file)
+    with tempfile.TemporaryDirectory(prefix="fa4cache-import-") as tmp:
+        scratch = Store.at(Path(tmp) / "store", base_dirs=(), remote_tier=None, distributed=False)
+        r = import_bundle(scratch, path)  # the bundle's own checks, all of it first
+        todo = {ref for ref in r.imported_refs if not store.has(ref)}
+        rep = rebuild(scratch, only=todo)
+        print(
+            f"rebuilt {len(todo)} of the bundle's {r.entries} entries ({r.entries - len(todo)} already in "
+            f"{store.root}) from {rep.specs} spec(s): {len(rep.identical)} identical, "
+            f"{len(rep.different)} DIFFERENT, {len(rep.not_rebuilt)} not rebuilt"
+        )
+        for ref in rep.different:
+            print(
+                f"  {ref.kind:<16} {ref.digest[:16]}  differs from its rebuild: not what its key compiles to"
+            )
+        for ref, why in rep.not_rebuilt[:20]:
+            print(f"  {ref.kind:<16} {ref.digest[:16]}  not rebuilt: {safe_text(why)}")
+        if rep.different or (rep.not_rebuilt and not args.keep_unverified):
+            n = len(rep.different) + (0 if args.keep_unverified else len(rep.not_rebuilt))
+            hint = (
+                ""
+                if rep.different
+                else "; --keep-unverified imports them anyway, trusting the bundle's producer for them"
+            )
+            print(
+                f"refused the bundle: {plural(n, 'entry', 'entries')} not verified by a rebuild "
+                f"({len(rep.different)} DIFFERENT, {len(rep.not_rebuilt)} not rebuilt); nothing was "
+                f"imported into {store.root}{hint}"
+            )
+            return 1
+        keep = sorted(set(rep.identical) | {ref for ref, _ in rep.not_rebuilt}, key=lambda x: x.digest)
+        items = []
+        for ref in keep:
+            art = scratch.local.get(ref) if scratch.local is not None else None
+            if art is None:
+                raise ConfigError(f"the scratch copy of {ref.digest[:16]} vanished; nothing was imported")
+            items.append((ref, art.data, art.sidecar))
+        for tc in sorted({ref.toolchain for ref in keep}):
+            desc = _toolchain_description(scratch.layout, tc)
+            if desc is not None:
+                store.record_toolchain(tc, desc)
+        by = f"{r.producer.get('user', '?')}@{r.producer.get('host', '?')}"
+        imported, present, busy = publish_entries(store, items, f"bundle {path} made by {by}, rebuilt"[:1024])
+    unverified = len(rep.not_rebuilt)
     print(
-        f"rebuilt the imported entries of {r.specs} spec(s): {len(r.identical)} identical, "
-        f"{len(r.different)} DIFFERENT (quarantined), {len(r.not_rebuilt)} not rebuilt"
+        f"imported {len(imported)} of {r.entries} entries into {store.root} ({present} already there"
+        + (f", {busy} being compiled here (skipped)" if busy else "")
+        + (f", {unverified} NOT verified (--keep-unverified)" if unverified else "")
+        + f"); bundle made by {_producer(r.producer)}, toolchain(s) {', '.join(r.toolchains) or '-'}"
     )
-    for ref in r.different:
-        store.quarantine(ref, "bundle import --verify: differs from its rebuild")
-        print(f"  {ref.kind:<16} {ref.digest[:16]}  differs from its rebuild: quarantined")
-    for ref, why in r.not_rebuilt[:20]:
-        print(f"  {ref.kind:<16} {ref.digest[:16]}  not rebuilt: {safe_text(why)}")
-    return 1 if r.different else 0
+    _print_fit(args)
+    return 0
 
 
 def _print_fit(args: argparse.Namespace) -> None:

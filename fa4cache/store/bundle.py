@@ -32,7 +32,7 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -513,6 +513,46 @@ def show_bundle(path: Path, trusted: frozenset[int]) -> Manifest:
 # --------------------------------------------------------------------------- import
 
 
+def publish_entries(
+    store: Any, items: Iterable[tuple[EntryRef, bytes, Sidecar]], received: str
+) -> tuple[list[EntryRef], int, int]:
+    """Publish verified ``items`` into ``store`` one by one under each key's lock; entries
+    already present or being compiled are skipped. All or nothing: an error (the bundle
+    changed under us, the disk filled, ^C) takes back what was published. Returns (the
+    refs published, how many were present, how many busy)."""
+    imported: list[EntryRef] = []
+    present = busy = 0
+    try:
+        for ref, data, sidecar in items:
+            local = store.local.get(ref) if store.local is not None else None
+            if local is not None:
+                present += 1
+                continue
+            try:
+                lk = store.locks.try_lock(ref.digest)
+            except OSError:  # an unusable lock file: leave that key alone
+                lk = None
+            if lk is None:
+                busy += 1  # being compiled or published here right now
+                continue
+            try:
+                if store.local.get(ref) is not None:
+                    present += 1
+                elif store.publish_bytes(ref, data, received=received, **sidecar.facts()):
+                    imported.append(ref)
+                else:
+                    raise BundleError(f"cannot write to {store.root} (see the warning above)")
+            finally:
+                lk.release(force=True)
+    except BaseException:
+        for ref in imported:
+            unlink_quiet(store.layout.sidecar_path(ref))
+            unlink_quiet(store.layout.object_path(ref))
+            unlink_quiet(store.layout.use_path(ref))
+        raise
+    return imported, present, busy
+
+
 def import_bundle(store: Any, path: Path) -> ImportReport:
     """Publish every entry of the bundle at ``path`` into ``store`` (a writable
     :class:`~fa4cache.store.Store`): all verified first, then published one by one under
@@ -529,38 +569,11 @@ def import_bundle(store: Any, path: Path) -> ImportReport:
         for tc, desc in m.toolchains.items():
             if desc is not None and any(e.ref.toolchain == tc for e in m.entries):
                 store.record_toolchain(tc, desc)
-        imported: list[EntryRef] = []
-        present = busy = 0
         by = f"{m.producer.get('user', '?')}@{m.producer.get('host', '?')}"
         received = f"bundle {path} made by {by}"[:1024]
-        try:
-            for e, data in iter_verified(f, path, m):  # read again: what is published is what was checked
-                local = store.local.get(e.ref) if store.local is not None else None
-                if local is not None:
-                    present += 1
-                    continue
-                try:
-                    lk = store.locks.try_lock(e.ref.digest)
-                except OSError:  # an unusable lock file: leave that key alone
-                    lk = None
-                if lk is None:
-                    busy += 1  # being compiled or published here right now
-                    continue
-                try:
-                    if store.local.get(e.ref) is not None:
-                        present += 1
-                    elif store.publish_bytes(e.ref, data, received=received, **e.sidecar.facts()):
-                        imported.append(e.ref)
-                    else:
-                        raise BundleError(f"cannot write to {store.root} (see the warning above)")
-                finally:
-                    lk.release(force=True)
-        except BaseException:
-            for ref in imported:  # the file changed under us, the disk filled, ^C: take it all back
-                unlink_quiet(store.layout.sidecar_path(ref))
-                unlink_quiet(store.layout.object_path(ref))
-                unlink_quiet(store.layout.use_path(ref))
-            raise
+        # Read again: what is published is what was checked.
+        items = ((e.ref, data, e.sidecar) for e, data in iter_verified(f, path, m))
+        imported, present, busy = publish_entries(store, items, received)
     return ImportReport(
         path=path,
         entries=len(m.entries),

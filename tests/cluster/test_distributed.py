@@ -19,12 +19,17 @@ pytest.importorskip("torch.distributed")
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
+SECRET = os.urandom(16).hex()
 
 
-def torchrun(tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str) -> list[dict[str, Any]]:
+def torchrun(
+    tmp_path: Path, nproc: int, scenario: str, *args: str, timeout: float = 120, **env: str | None
+) -> list[dict[str, Any]]:
     """Run ``tests.helpers.dist_worker`` under torchrun; the ranks' RESULT lines, by rank."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT), "FA4CACHE_COMPILE_AHEAD": "0", "OMP_NUM_THREADS": "1", **env}
-    full.pop("FA4CACHE_DIR", None)
+    # "Nodes" have stores of their own: they share through the job's store only under one secret.
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "FA4CACHE_COMPILE_AHEAD": "0", "OMP_NUM_THREADS": "1",
+            "FA4CACHE_JOB_SECRET": SECRET, **env}  # fmt: skip
+    full = {k: v for k, v in full.items() if v is not None and k != "FA4CACHE_DIR"}  # None: unset
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "tests.helpers.dist_worker", "--scenario", scenario, "--base", str(tmp_path), *args,
@@ -86,7 +91,9 @@ def test_split_kernel_set_across_four_nodes(tmp_path: Path) -> None:
     rng = random.Random(SEED + 1)
     offset, keys, nodes = rng.randrange(1000), 8, 4
     print(f"seed {SEED}: keys {offset}..{offset + keys - 1}")
-    ranks = torchrun(tmp_path, nodes, "split", "--keys", str(keys), "--offset", str(offset), "--seconds", "0.4")
+    ranks = torchrun(
+        tmp_path, nodes, "split", "--keys", str(keys), "--offset", str(offset), "--seconds", "0.4"
+    )
     splits = [r["split"] for r in ranks]
     assert sum(s["compiles"] for s in splits) == keys, splits  # each kernel once, job-wide
     assert all(s["compiles"] + s["remote_hits"] == keys for s in splits), splits
@@ -123,20 +130,37 @@ def test_without_a_process_group_nothing_changes(tmp_path: Path) -> None:
     ref = EntryRef("fa4e000000000000cafe", "fwd", "0" * 64)
     assert store.remote.get(ref) is None and store.remote.acquire(ref.digest, 5) is False
     assert not store.remote.active()
-    assert Store.at(tmp_path / "c", distributed=True, remote_tier="os:getcwd").remote is None  # named tier wins
+    assert (
+        Store.at(tmp_path / "c", distributed=True, remote_tier="os:getcwd").remote is None
+    )  # named tier wins
 
 
 def test_manifest_and_copy_checks() -> None:
-    from fa4cache.adapters.distributed.tier import manifest, parse_manifest
+    from fa4cache.adapters.distributed.tier import Unsigned, manifest, parse_manifest
 
     from fa4cache.hashing import key_digest
+    from fa4cache.store.auth import from_secret
     from fa4cache.store.paths import EntryRef
     from fa4cache.store.sidecar import Sidecar
     from fa4cache.store.tiers import verify_copy
 
-    assert parse_manifest(manifest(2, 10, "rank0@h:1", b"{}")) == (2, 10, "rank0@h:1", b"{}")
-    for junk in (b"", b"FA4D1 x 1 s\n{}", b"FA4D0 1 1 s\n{}", b"FA4D1 0 1 s\n", b"FA4D1 1 -5 s\n"):
-        assert parse_manifest(junk) is None, junk
+    job, other = from_secret(b"s" * 32, "test"), from_secret(b"t" * 32, "test")
+    d = "ab" * 32
+    assert parse_manifest(manifest(job, d, 2, 10, "rank0@h:1", b"{}"), job, d) == (2, 10, "rank0@h:1", b"{}")
+    signed = manifest(job, d, 2, 10, "rank0@h:1", b"{}")
+    for forged in (
+        manifest(other, d, 2, 10, "rank0@h:1", b"{}"),  # another key
+        manifest(job, "cd" * 32, 2, 10, "rank0@h:1", b"{}"),  # signed for another digest
+        signed.replace(b"{}", b"{ }"),  # anything after the MAC changed
+        signed.replace(b" 2 10 ", b" 3 10 "),
+        b"FA4D1 2 10 rank0@h:1\n{}",  # the unsigned format
+        b"",
+    ):
+        with pytest.raises(Unsigned):
+            parse_manifest(forged, job, d)
+    for junk in (b"x 1 s\n{}", b"0 1 s\n", b"1 -5 s\n", b"1 1 s"):  # signed, but malformed
+        mac = job.sign("manifest", d.encode(), junk)
+        assert parse_manifest(b"FA4D2 " + mac.encode() + b" " + junk, job, d) is None, junk
     tc, key = "fa4e000000000000cafe", "('fwd', 128)"
     ref = EntryRef(tc, "fwd", key_digest(tc, "fwd", key))
     data = b"kernel" * 100
@@ -163,6 +187,7 @@ def test_no_library_code_issues_a_collective() -> None:
         "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv",
         "send_object_list", "recv_object_list", "new_group", "new_subgroups",
     }  # fmt: skip
+
     def is_dist(base: ast.expr) -> bool:  # dist, c10d, torch.distributed, ...distributed_c10d
         name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
         return name in ("dist", "c10d", "distributed", "distributed_c10d") or "dist" in name
@@ -208,3 +233,48 @@ def test_compile_ahead_in_a_job_compiles_each_kernel_once(tmp_path: Path) -> Non
     assert sum(s["compiles"] for s in per_node) == 4, (per_node, ranks)  # every process of the job
     assert sum(s["ahead_compiles"] for s in per_node) >= 1, per_node  # a server did compile ahead
     assert sum(r["real"]["remote_hits"] for r in ranks) >= 4, ranks  # the other node fetched all
+
+
+def test_the_job_key_comes_from_the_setting_or_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stat
+
+    from fa4cache.store.auth import SECRET_FILE, job_key
+
+    monkeypatch.delenv("FA4CACHE_JOB_SECRET", raising=False)
+    root = tmp_path / "store"
+    root.mkdir(mode=0o700)
+    first, why = job_key(root)
+    assert first is not None and not why and str(root) in first.source
+    assert stat.S_IMODE((root / SECRET_FILE).stat().st_mode) == 0o600
+    again, _ = job_key(root)
+    assert again is not None and again.key == first.key  # every process of yours on this store agrees
+    (root / SECRET_FILE).chmod(0o640)  # readable by the group: not a secret
+    none, why = job_key(root)
+    assert none is None and "readable by others" in why
+    monkeypatch.setenv("FA4CACHE_JOB_SECRET", "short")
+    none, why = job_key(root)
+    assert none is None and "FA4CACHE_JOB_SECRET is 5 characters" in why
+    monkeypatch.setenv("FA4CACHE_JOB_SECRET", "x" * 32)
+    explicit, _ = job_key(root)
+    assert explicit is not None and explicit.source == "FA4CACHE_JOB_SECRET" and explicit.key != first.key
+    assert "x" * 32 not in repr(explicit)
+
+
+def test_without_a_job_secret_ranks_compile_locally_and_say_why(tmp_path: Path) -> None:
+    ranks = torchrun(tmp_path, 2, "cold", "--keys", "2", "--seconds", "0", FA4CACHE_JOB_SECRET="short")
+    for r in ranks:
+        assert r["cold"]["compiles"] == 2 and r["cold"]["remote_hits"] == 0, r  # nothing from the store
+        said = [w for w in r["warnings"] if "no job secret for the torch.distributed tier" in w]
+        assert len(said) == 1 and "fewer than 16" in said[0], r["warnings"]
+
+
+def test_nodes_with_different_secrets_share_nothing_and_say_so(tmp_path: Path) -> None:
+    # No FA4CACHE_JOB_SECRET: each "node" has its own store, so its own job-secret file. Each
+    # keeps to its own namespace of the job's store: no refusals, each compiles its kernels.
+    ranks = torchrun(tmp_path, 2, "cold", "--keys", "2", "--seconds", "0", FA4CACHE_JOB_SECRET=None)
+    assert [r["cold"]["compiles"] for r in ranks] == [2, 2], ranks
+    warned = [w for r in ranks for w in r["warnings"]]
+    assert not any("not signed by this job" in w for w in warned), warned
+    assert any("2 different secrets" in w and "FA4CACHE_JOB_SECRET" in w for w in warned), warned

@@ -12,6 +12,7 @@ Ranks are grouped into "nodes" of ``--per-node`` ranks, each node with its own s
   helper dies, and the child's misses compile locally, one warning, no hang.
 * ``real``: a real FA4 forward+backward (cross-compiled, FakeTensorMode), once per rank.
 * ``split``: the ranks split ``--keys`` fake kernels (:mod:`fa4cache.adapters.distributed.split`).
+* ``attack``: an attacker writes the job's store between the ranks (:func:`attacked`).
 
 ``child`` mode (``python -m tests.helpers.dist_worker child HOST PORT KEY SECONDS``) is the helper.
 Each rank prints ``RESULT <json>`` and writes it to ``<base>/result-<rank>.json``.
@@ -131,6 +132,7 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=4)
     p.add_argument("--seconds", type=float, default=0.3)
     p.add_argument("--offset", type=int, default=0, help="first key (the test draws it from its seed)")
+    p.add_argument("--attack", default="plant", help="attack scenario: plant, swap or forge")
     a = p.parse_args()
     import torch.distributed as dist
 
@@ -151,7 +153,7 @@ def main() -> None:
             assert fake.call(k, 1) == k + 1
         out["cold"] = {"compiles": fake.compiles, **_counts(store)}
         dist.barrier()
-        if rank == world - 1:  # a node that joins later, with an empty store
+        if rank == world - 1 and store.remote.active():  # a node that joins later, with an empty store
             late = FakeFA4(_store(base / "late"), compile_seconds=a.seconds)
             for k in keys:
                 assert late.call(k, 1) == k + 1
@@ -217,6 +219,8 @@ def main() -> None:
         out["destroyed"] = {"compiles": fake.compiles, "remote": store.remote.active()}
     elif a.scenario == "real":
         out["real"] = real_step(store)
+    elif a.scenario == "attack":
+        out["attack"] = attacked(store, base, rank, a.offset, a.attack)
     elif a.scenario == "split":
         out["split"] = split_fake(store, range(a.offset, a.offset + a.keys), a.seconds)
     out["warnings"] = keep.warnings
@@ -225,6 +229,54 @@ def main() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[str, Any]:
+    """Two ranks, an attacker in between (tests/store/test_security_dist.py; ``lease``: it
+    holds the key's lease instead of writing a copy): rank 0 first
+    compiles what the attack needs (``swap``: the key itself; ``forge``: another key, whose
+    signed manifest the attacker copies), then says where the job's store is in
+    ``<base>/pub/job.json`` (what an attacker learns from ``/proc/net/tcp``, the public key
+    encoding and ``TCPStore.list_keys``) and waits for ``<base>/pub/go``; then rank 0 and
+    after it rank 1 ask for the key. A fake kernel returns ``x + key``: the attacker's
+    returns ``x + 1000000``."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    from fa4cache.hashing import encode_key
+    from tests.helpers.fake_compiler import FakeFA4
+
+    fake = FakeFA4(store, compile_seconds=0)
+    pub = base / "pub"
+    if rank == 0:
+        for k in {"plant": [], "lease": [], "swap": [key], "forge": [key + 1]}[attack]:
+            assert fake.call(k, 0) == k
+        under = _get_default_store()
+        while hasattr(under, "underlying_store"):
+            under = under.underlying_store
+        tier = store.remote
+        assert tier.active()
+        info = {
+            "host": "127.0.0.1", "port": under.port, "prefix": getattr(tier, "prefix", "") or "fa4cache/v1",
+            "tc": fake.cache.ref(key).toolchain, "kind": fake.cache.ref(key).kind,
+            "digest": fake.cache.ref(key).digest, "key_text": encode_key(key),
+            "other_digest": fake.cache.ref(key + 1).digest,
+        }  # fmt: skip
+        (pub / "job.json").write_text(json.dumps(info))
+        (pub / "job.json").chmod(0o644)
+    deadline = time.monotonic() + 120
+    while not (pub / "go").exists():
+        assert time.monotonic() < deadline, "the test never said go"
+        time.sleep(0.1)
+    got: dict[str, Any] = {}
+    for turn in (0, 1):
+        dist.barrier()
+        if turn == rank:
+            before, t0 = fake.compiles, time.monotonic()
+            got = {"value": fake.call(key, 0), "compiles": fake.compiles - before}
+            got["seconds"] = time.monotonic() - t0
+    got["remote_hits"] = _counts(store)["remote_hits"]
+    return got
 
 
 def split_fake(store: Any, keys: range, seconds: float) -> dict[str, Any]:

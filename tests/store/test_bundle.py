@@ -297,3 +297,36 @@ def test_real_kernels_bundle_small_and_warm_after_import(doc_store_copy: Path, t
     res = run_worker(dst, "geometries", "--geometries", "2", "--seed", "5")
     assert res["compiles"] == 0 and res["disk_hits"] == 4, res
     shutil.rmtree(dst)
+
+
+def test_import_verify_refuses_what_it_could_not_rebuild_and_publishes_nothing(tmp_path: Path) -> None:
+    """Issue 50: "verified" means rebuilt. A bundle whose entries record no spec (the fake
+    compiler's, like any job's), or a spec that does not compile here, is refused whole by
+    ``import --verify``: exit 1, the count, nothing in the store. ``--keep-unverified`` is
+    the explicit way to take them anyway."""
+    _fill(tmp_path / "a", [1, 2], kinds=("fwd",))
+    bundle = tmp_path / "k.fa4b"
+    export_bundle(tmp_path / "a", bundle)
+    r = run_cli(tmp_path / "b", "bundle", "import", "--verify", str(bundle))
+    assert r.returncode == 1, (r.stdout, r.stderr[-2000:])
+    assert "0 identical, 0 DIFFERENT, 2 not rebuilt" in r.stdout and "refused the bundle: 2 entries" in r.stdout
+    assert "nothing was imported" in r.stdout and "--keep-unverified" in r.stdout
+    assert _entries(tmp_path / "b") == set()
+    # A spec that does not compile is no better than none (one that compiles another kernel:
+    # tests/store/test_security_keys.py::test_verify_rebuild_finds_bytes_filed_under_their_right_key).
+    wrong = tmp_path / "wrong.fa4b"
+
+    def name_a_spec(m: dict[str, Any]) -> None:
+        for e in m["entries"]:
+            e["sidecar"]["spec"] = {"dtype": "fp64"}
+
+    shutil.copy(bundle, wrong)
+    rewrite_manifest(wrong, name_a_spec)
+    r = run_cli(tmp_path / "b", "bundle", "import", "--verify", str(wrong))
+    assert r.returncode == 1 and "2 not rebuilt" in r.stdout and "the rebuild failed" in r.stdout, r.stdout
+    assert _entries(tmp_path / "b") == set()
+    # Asked for by name: imported, and said so.
+    r = run_cli(tmp_path / "b", "bundle", "import", "--verify", "--keep-unverified", str(bundle))
+    assert r.returncode == 0 and "imported 2 of 2" in r.stdout and "2 NOT verified" in r.stdout, r.stdout
+    assert len(_entries(tmp_path / "b")) == 2
+    assert run_cli(tmp_path / "c", "bundle", "import", "--keep-unverified", str(bundle)).returncode == 2

@@ -657,3 +657,43 @@ def test_install_turns_the_dsl_file_cache_off_for_the_process_and_its_children(t
         timeout=300,
     )
     assert out.stdout.split()[-3:] == ["False", "0", "0"], out.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- fifth review
+
+_JIT_ONLY = """
+import os, threading
+import fa4cache
+LOCK = threading.Lock()  # a value no key can describe: the kernel stays in memory only
+
+@fa4cache.jit_cache
+def build(n):
+    with LOCK:
+        return n
+
+try:
+    build(3)
+    print("COMPILED")
+except Exception as e:
+    print("RAISED", type(e).__name__)
+from cutlass.cutlass_dsl import CuTeDSL
+print("DSL", CuTeDSL._get_dsl().envar.disable_file_caching, os.environ.get("CUTE_DSL_DISABLE_FILE_CACHING"))
+"""
+
+
+def test_jit_cache_without_install_closes_the_dsl_cache_and_expect_warm_stops_memory_only(tmp_path: Path) -> None:
+    """Issue 50 (LOW): a process that uses ``@fa4cache.jit_cache`` without ``install()``
+    turns the DSL's squattable /tmp file cache off too, and ``FA4CACHE_EXPECT_WARM=error``
+    stops a jit_cache compile that can only be kept in memory, as it stops FA4's."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUTE_DSL_DISABLE_FILE_CACHING", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED")
+    }
+    env.update(FA4CACHE_DIR=str(tmp_path / "s"), FA4CACHE_EXPECT_WARM="error")
+    out = subprocess.run(
+        [sys.executable, "-c", _JIT_ONLY], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    lines = out.stdout.split("\n")
+    assert "RAISED UnexpectedCompile" in lines, (out.stdout, out.stderr[-2000:])
+    assert "DSL True 1" in lines, (out.stdout, out.stderr[-2000:])

@@ -450,13 +450,12 @@ def test_verify_rebuild_finds_bytes_filed_under_their_right_key(
     r = run_cli(root, "verify", "--rebuild", "--json")
     out = json.loads(r.stdout)
     assert r.returncode == 1 and [e["digest"] for e in out["rebuild"]["different"]] == [doc.ref.digest], out
-    # The same through a bundle: imported (its checks pass), rebuilt, the bad entry quarantined.
+    # The same through a bundle: its checks pass, the rebuild finds the bad entry, and the
+    # whole bundle is refused before anything is published.
     bundle = tmp_path / "k.fa4b"
     assert export_bundle(root, bundle).entries == 2
     node = tmp_path / "node"
     r = run_cli(node, "bundle", "import", "--verify", str(bundle))
-    assert r.returncode == 1 and "1 identical, 1 DIFFERENT (quarantined)" in r.stdout, (
-        r.stdout,
-        r.stderr[-2000:],
-    )
-    assert Store(cache_dir=node).load(doc.ref) is None and Store(cache_dir=node).load(causal.ref) is not None
+    assert r.returncode == 1 and "1 identical, 1 DIFFERENT" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "nothing was imported" in r.stdout, r.stdout
+    assert Store(cache_dir=node).load(doc.ref) is None and Store(cache_dir=node).load(causal.ref) is None
