@@ -50,11 +50,18 @@ def parse_seconds(text: str, *, setting: str) -> float:
     return v
 
 
-def parse_size(text: str, *, setting: str = "size") -> int:
-    """``"2G"``, ``"500M"``, ``"1.5T"`` or a plain byte count, in bytes."""
-    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+def parse_size(text: str, *, setting: str = "size", unit_required: bool = False) -> int:
+    """``"2G"``, ``"500M"``, ``"1.5T"``, ``"10B"`` or (unless ``unit_required``) a plain byte
+    count, in bytes. Command-line flags require the unit: ``--max-size 2`` read as 2 bytes
+    evicts a whole store."""
+    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGTP]?)(i?B)?\s*", str(text), re.IGNORECASE)
     if not m:
         raise ConfigError(f"{setting}: cannot parse size {text!r} (use e.g. 500M, 2G, 1T)")
+    if unit_required and not (m.group(2) or m.group(3)):
+        raise ConfigError(
+            f"{setting}: {text.strip()!r} has no unit; write it with one, e.g. {setting} {m.group(1)}G "
+            "(units: B, K, M, G, T, P)"
+        )
     v = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if not math.isfinite(v) or v > MAX_SIZE_BYTES:
         raise ConfigError(f"{setting}: size {text!r} is larger than any store can be (max 1024P)")
@@ -62,11 +69,17 @@ def parse_size(text: str, *, setting: str = "size") -> int:
 
 
 def parse_duration(text: str, *, setting: str = "duration") -> float:
-    """``"30d"``, ``"12h"``, ``"15m"``, ``"45s"`` or plain seconds, in seconds."""
+    """``"30d"``, ``"12h"``, ``"15m"``, ``"45s"``, ``"2w"``, in seconds. The unit is required:
+    ``--older-than 30`` read as seconds evicts a whole store."""
     m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([smhdw]?)\s*", str(text))
     if not m:
         raise ConfigError(f"{setting}: cannot parse duration {text!r} (use e.g. 45s, 15m, 12h, 30d)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+    if not m.group(2):
+        raise ConfigError(
+            f"{setting}: {text.strip()!r} has no unit; write it with one, e.g. {setting} {m.group(1)}d "
+            "(units: s, m, h, d, w)"
+        )
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
 
 
 def parse_choice(*choices: str) -> Callable[..., str]:

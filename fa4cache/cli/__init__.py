@@ -86,13 +86,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
-    s.add_argument("--max-size", help="evict least recently used entries until the store fits (e.g. 20G)")
-    s.add_argument("--older-than", help="evict entries unused for this long (e.g. 30d, 12h)")
+    s.add_argument(
+        "--max-size",
+        metavar="SIZE",
+        help="evict least recently used entries until the store fits; a unit is required "
+        "(B, K, M, G, T: e.g. 20G, 500M)",
+    )
+    s.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="evict entries unused for this long; a unit is required (s, m, h, d, w: e.g. 30d, 12h)",
+    )
     s.add_argument(
         "--fingerprint", help="'stale': entries of toolchains no process has used for --stale-after"
     )
-    s.add_argument("--stale-after", help="with --fingerprint stale: unused for this long (default 1d)")
-    s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    s.add_argument(
+        "--stale-after", metavar="AGE", help="with --fingerprint stale: unused for this long (default 1d)"
+    )
+    s.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask for confirmation (asked on a terminal when the run would remove more than "
+        "half of the store's entries or bytes; refused without a terminal)",
+    )
+    s.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what the same run would remove; remove nothing"
+    )
     s.set_defaults(func=cmd_prune)
 
     s = sub.add_parser("clear", help="remove every entry")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from typing import Any
 
 from ..errors import ConfigError
@@ -14,6 +13,7 @@ from ..settings import parse_duration, parse_size
 from .common import (
     NoStoreYet,
     ago,
+    confirm,
     human,
     no_store_line,
     open_store,
@@ -279,15 +279,19 @@ def _print_rebuild(r: dict[str, Any]) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from fa4cache.store.maintenance import DAY, prune
+    from fa4cache.store.maintenance import DAY, apply_prune, dry_run_report, plan_prune
 
-    max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
+    # Units are required: `--older-than 30` read as seconds, or `--max-size 2` as bytes,
+    # empties a store.
+    max_size = parse_size(args.max_size, setting="--max-size", unit_required=True) if args.max_size else None
     older = parse_duration(args.older_than, setting="--older-than") if args.older_than else None
     if args.fingerprint not in (None, "stale"):
         raise ConfigError(f"--fingerprint: only 'stale' is supported, got {args.fingerprint!r}")
     stale_after = None
     if args.fingerprint == "stale":
         stale_after = parse_duration(args.stale_after, setting="--stale-after") if args.stale_after else DAY
+    elif args.stale_after:
+        raise ConfigError("--stale-after: only with --fingerprint stale")
     if max_size is None and older is None and stale_after is None:
         raise ConfigError("give --max-size, --older-than and/or --fingerprint stale")
     try:
@@ -295,10 +299,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except NoStoreYet as e:
         print(f"{no_store_line(e)}: nothing to remove")
         return 0
-    rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after, dry_run=args.dry_run)
-    store.flush_counters()
+    plan = plan_prune(store, max_size=max_size, older_than=older, stale_after=stale_after)
     if args.dry_run:
-        return _report_dry_run(rep, store)
+        return _report_dry_run(dry_run_report(store, plan), store)
+    if plan.removes_most():
+        what = (
+            f"{plural(len(plan.entries), 'entry')} ({human(plan.bytes)}) of the "
+            f"{plural(plan.total_entries, 'entry')} ({human(plan.total_bytes)}) in {store.root}"
+        )
+        if not confirm(args, what, "most of the store"):
+            print("nothing removed")
+            return 1
+    rep = apply_prune(store, plan)
+    store.flush_counters()
     remaining = list(store.entries())
     print(
         f"removed {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
@@ -308,6 +321,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(
             f"removed {plural(len(rep.removed_toolchains), 'empty toolchain directory', 'empty toolchain directories')}"
         )
+    if rep.temp_files:
+        print(f"removed {plural(rep.temp_files, 'temp file')} of killed writers")
     return _report_unremoved(rep)
 
 
@@ -329,6 +344,8 @@ def _report_dry_run(rep: Any, store: Any) -> int:
         )
     for tc in rep.removed_toolchains:
         print(f"would remove empty toolchain directory {tc}")
+    if rep.temp_files:
+        print(f"would remove {plural(rep.temp_files, 'temp file')} of killed writers")
     remaining = [e for e in store.entries() if e.ref not in {r.ref for r in rep.removed}]
     print(
         f"dry run: would remove {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
@@ -361,15 +378,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
     what = f"every entry{' and all counters' if args.all else ''} in {store.root}"
     if store.root != asked:  # a squatted node-local path: the store the workers use instead
         what += f" (the store used instead of {asked}, which is not safe to use)"
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError(
-                f"refusing to remove {what} without a terminal to confirm; pass --yes (or --dry-run)"
-            )
-        answer = input(f"Remove {what}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
+    if not confirm(args, what):
+        print("nothing removed")
+        return 1
     print(f"removing {what}")
     rep = clear(store, everything=args.all)
     print(f"removed {plural(len(rep.removed), 'entry')} from {store.root}")
