@@ -95,8 +95,8 @@ def open_store(args: argparse.Namespace) -> Any:
 
 
 def no_store_line(e: NoStoreYet) -> str:
-    """What ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet (as ``stats``
-    shows zeros): nothing wrong, nothing there."""
+    """What ``stats``, ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet
+    (a mistyped path too): nothing wrong, nothing there (``--json``: zeros, an empty list)."""
     return f"no store at {e.settings.cache_dir} yet: 0 entries"
 
 

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from ..errors import ConfigError
-from ..settings import parse_duration, parse_size
+from ..settings import cache_dir_problem, parse_duration, parse_size
 from .common import (
     NoStoreYet,
     ago,
@@ -32,16 +32,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from fa4cache.store.stats import collect
 
     if args.zero:
-        s = store_settings(args)  # the store the workers use, checked from / down
-        counters.zero(s.cache_dir / "stats")
-        if args.json:
-            print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
-        else:
-            print(f"counters zeroed for {s.cache_dir}")
-        return 0
+        return _zero(args)
     try:
         s = store_settings(args)
-    except NoStoreYet as e:  # no store yet: zeros
+    except NoStoreYet as e:  # no store yet: zeros for a script, the same line as ls for a person
+        if not args.json:
+            print(no_store_line(e))
+            return 0
         s = e.settings
     counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
@@ -116,6 +113,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(
                 f"  {safe_text(h):<24} hits {int(v['memory_hits'] + v['disk_hits']):>8}  compiles {int(v['compiles']):>6}  ({v['compile_seconds']:.1f} s)"
             )
+    return 0
+
+
+def _zero(args: argparse.Namespace) -> int:
+    from fa4cache.store import counters
+
+    try:
+        store_settings(args)  # the store the workers use, checked from / down
+    except NoStoreYet as e:
+        if args.json:
+            print(json.dumps({"cache_dir": str(e.settings.cache_dir), "zeroed": False}))
+        else:
+            print(f"{no_store_line(e)}: no counters to zero")
+        return 0
+    # A store this user cannot write is refused up front with the setting and the fix, as
+    # prune and clear do (not a raw Errno 13).
+    s = writable_store_settings(args)
+    stats_dir = s.cache_dir / "stats"
+    problem = cache_dir_problem(stats_dir) if stats_dir.exists() else None
+    if problem is not None:
+        raise ConfigError(f"cannot zero the counters: {stats_dir} {problem}")
+    try:
+        counters.zero(stats_dir)
+    except PermissionError as e:
+        raise ConfigError(f"cannot zero the counters: {stats_dir} is not writable by you ({e.strerror})") from None
+    if args.json:
+        print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
+    else:
+        print(f"counters zeroed for {s.cache_dir}")
     return 0
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from fa4cache.settings import parse_duration, parse_size
 from fa4cache.store.paths import LAYOUT, EntryRef
 from fa4cache.store.store import Store
 from tests.conftest import ROOT, run_cli, worker_env
+from tests.store.test_security import _seed, people  # noqa: F401  (a fixture: two real users)
 
 TC = "0123456789abcdef0123"
 DAY = 86400.0
@@ -169,3 +171,35 @@ def test_clear_refuses_without_a_terminal_and_asks_on_one(four_kernels: Path) ->
     assert p.returncode == 1 and "[y/N]" in p.stdout and len(_objects(four_kernels)) == 4
     p = _on_terminal(four_kernels, "clear", answer="y\n")
     assert p.returncode == 0 and "removed 4 entries" in p.stdout and not _objects(four_kernels)
+
+
+# ---------------------------------------------------------------- 11, 12: stats tells the truth
+
+def test_stats_zero_on_a_read_only_store_is_one_friendly_line(people: Any) -> None:
+    # As a user other than root (root writes into a mode-500 directory).
+    victim, _, _ = people
+    mine = victim.home / "ro-store"
+    _seed(victim, mine)
+    for d in (mine / "stats", mine):
+        os.chmod(d, 0o500)
+    p = victim.cli(mine, "stats", "--zero")
+    assert p.returncode == 2, p.stdout + p.stderr
+    line = p.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Errno" not in line and "Traceback" not in line, line
+    assert line.startswith("fa4cache stats: ") and "not writable by you" in line, line
+    st = victim.cli(mine, "stats", "--json")  # reading the numbers still works
+    assert st.returncode == 0 and json.loads(st.stdout)["entries"] == 1, st.stderr
+
+
+def test_stats_on_a_path_with_no_store_says_so_as_ls_and_verify_do(tmp_path: Path) -> None:
+    missing = tmp_path / "mistyped"
+    outs = {cmd: run_cli(missing, cmd) for cmd in ("stats", "ls", "verify")}
+    for cmd, p in outs.items():
+        assert p.returncode == 0 and p.stderr == "", (cmd, p.stderr)
+        assert p.stdout.startswith(f"no store at {missing} yet: 0 entries"), (cmd, p.stdout)
+    assert "Hit rate" not in outs["stats"].stdout
+    st = run_cli(missing, "stats", "--json")  # a script still gets its numbers: zeros
+    assert st.returncode == 0 and json.loads(st.stdout)["entries"] == 0
+    z = run_cli(missing, "stats", "--zero")
+    assert z.returncode == 0 and "no store at" in z.stdout, z.stdout + z.stderr
+    assert not missing.exists()
