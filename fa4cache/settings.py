@@ -140,6 +140,8 @@ def _no_separator(paths: tuple[Path, ...], *, setting: str) -> None:
 
 # --------------------------------------------------------------------------- the table
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -201,6 +203,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_BUNDLE_MAX_MANIFEST", parse_size, 64 << 20, "bundle import: largest manifest "
             "(decompressed JSON; a few KiB per entry)"),
     Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
+    Setting("FA4CACHE_LOG_LEVEL", parse_choice(*LOG_LEVELS), None, "level of the `fa4cache` logger: "
+            "`debug`, `info`, `warning`, `error` (unset: the CLI shows warnings, `-v` info, `-q` errors only; "
+            "in a job, the `fa4cache` logger follows Python's logging configuration); the CLI's `-v`/`-q` "
+            "win over it ([logging](cli.md#logging))"),
     Setting("FA4CACHE_NODE_ID", parse_text, None, "the `{node_id}` placeholder (default: the Ray node id, "
             "else the hostname)", job=False),
     Setting("FA4CACHE_NODE_LOCAL", parse_flag, False, "set by the Ray hook (`1`): the store is meant to "
@@ -236,6 +242,31 @@ REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
 def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The parsed value of one declared variable (its default when unset)."""
     return BY_NAME[name].read(environ)
+
+
+def apply_log_level(environ: Mapping[str, str] | None = None) -> str | None:
+    """``FA4CACHE_LOG_LEVEL``, when set, for the ``fa4cache`` logger of this process
+    (``import fa4cache`` calls this): its level, and, where nothing is configured to show
+    its records (no handler on it or on the root logger), one stderr handler of its own.
+    A bad value is one warning and no change (a log setting never stops a job). Returns
+    the level applied, or None."""
+    import logging
+
+    logger = logging.getLogger("fa4cache")
+    try:
+        level = setting("FA4CACHE_LOG_LEVEL", environ)
+    except ConfigError as e:
+        logger.warning("fa4cache: %s; logging unchanged", e)
+        return None
+    if level is None:
+        return None
+    logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False  # a root handler configured later would print each record twice
+    return str(level)
 
 
 def markdown_table() -> str:

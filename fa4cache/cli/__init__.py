@@ -16,7 +16,7 @@ from typing import Any
 from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
-from ..version import __version__
+from ..version import version
 from . import warm_jit
 from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 
 CACHE_DIR_HELP = "store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)"
+VERBOSE_HELP = "log what happens (level info; FA4CACHE_LOG_LEVEL=debug for more)"
+QUIET_HELP = "log errors only; no progress bar"
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -35,9 +37,8 @@ def _common_options() -> argparse.ArgumentParser:
     overwritten by the subcommand's unset default."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
-    common.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what happens"
-    )
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
     return common
 
 
@@ -51,12 +52,23 @@ class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
         return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: the build's version is computed (git, in a checkout) only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"fa4cache {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
     p.register("action", "parsers", _SubParsers)
-    p.add_argument("--version", action="version", version=f"fa4cache {__version__}")
+    p.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version (the build's, in a checkout) and exit"
+    )
     p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
-    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
@@ -185,7 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes, each compiling one kernel at a time "
         "(default: as many as CPU cores and kernels; 1: in this process)",
     )
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)
 
@@ -198,15 +209,42 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "doctor", help="check versions, GPU, directory, filesystem, locks (exit 1 when a check fails)"
     )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print the checks as JSON: ok, failed, checks [{status, check, detail}]",
+    )
     s.set_defaults(func=cmd_doctor)
     add_bundle_parser(sub)
     return p
 
 
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Records go to stderr as bare messages; the level is -v (info) or -q (error), else
+    FA4CACHE_LOG_LEVEL, else warning. A bad FA4CACHE_LOG_LEVEL is a ConfigError here (exit 2):
+    on the command line a typo is said, not skipped."""
+    from ..settings import setting
+
+    level = "info" if args.verbose else "error" if args.quiet else None
+    if level is None:
+        try:
+            level = setting("FA4CACHE_LOG_LEVEL") or "warning"
+        except Fa4CacheError as e:
+            print(f"fa4cache: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    logging.basicConfig(level=level.upper(), format="%(message)s", force=True)
+    logging.getLogger("fa4cache").setLevel(level.upper())
+    logging.getLogger("fa4cache").propagate = True
+    for h in list(logging.getLogger("fa4cache").handlers):  # the root handler shows them
+        logging.getLogger("fa4cache").removeHandler(h)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if args.verbose and args.quiet:
+        parser.error("-v/--verbose and -q/--quiet: give one")
+    _configure_logging(args)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:

@@ -137,7 +137,9 @@ def _zero(args: argparse.Namespace) -> int:
     try:
         counters.zero(stats_dir)
     except PermissionError as e:
-        raise ConfigError(f"cannot zero the counters: {stats_dir} is not writable by you ({e.strerror})") from None
+        raise ConfigError(
+            f"cannot zero the counters: {stats_dir} is not writable by you ({e.strerror})"
+        ) from None
     if args.json:
         print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
     else:

@@ -232,6 +232,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"-j/--jobs: expected a positive number of workers, got {args.jobs}")
     cache_dir = _usable_store(args)
+    from fa4cache.store import counters
+
+    # Its lookups (and its workers', forked from here) are warm's own, not a job's hits.
+    counters.not_a_job()
     # warm compiles for --arch and runs no kernel: with the GPU hidden from this process
     # (before torch is imported), its -j workers fork from it once FA4 is imported, and the
     # import (seconds; 10 s and more on a busy GPU host) is paid once instead of once per worker.

@@ -175,7 +175,8 @@ def test_clear_refuses_without_a_terminal_and_asks_on_one(four_kernels: Path) ->
 
 # ---------------------------------------------------------------- 11, 12: stats tells the truth
 
-def test_stats_zero_on_a_read_only_store_is_one_friendly_line(people: Any) -> None:
+
+def test_stats_zero_on_a_read_only_store_is_one_friendly_line(people: Any) -> None:  # noqa: F811
     # As a user other than root (root writes into a mode-500 directory).
     victim, _, _ = people
     mine = victim.home / "ro-store"
@@ -203,3 +204,234 @@ def test_stats_on_a_path_with_no_store_says_so_as_ls_and_verify_do(tmp_path: Pat
     z = run_cli(missing, "stats", "--zero")
     assert z.returncode == 0 and "no store at" in z.stdout, z.stdout + z.stderr
     assert not missing.exists()
+
+
+# ---------------------------------------------------------------- 15: warm's lookups are not a job's
+
+
+@pytest.mark.compile
+def test_a_cold_warm_counts_compiles_not_hits_and_a_job_after_it_counts_its_hits(tmp_path: Path) -> None:
+    from tests.conftest import run_worker
+
+    d = tmp_path / "cache"
+    manifest = tmp_path / "specs.json"
+    # A forward and its backward: warm's workers look kernels up again after compiling them.
+    manifest.write_text(json.dumps([{"mask": "document", "seqlen": 512}]))
+    w = run_cli(d, "warm", "--manifest", str(manifest), "-j", "2")
+    assert w.returncode == 0, w.stdout + w.stderr
+    st = json.loads(run_cli(d, "stats", "--json").stdout)
+    assert st["compiles"] == st["entries"] == 4, st
+    assert (st["hits"], st["misses"], st["lock_waits"], st["hit_rate"]) == (0, 0, 0, None), st
+    # A job after it: its lookups are the ones stats counts.
+    r = run_worker(d, "compile", "--mask", "document", "--seqlen", "900", "--no-backward")
+    assert r["compiles"] == 0 and r["disk_hits"] == 1, r
+    st = json.loads(run_cli(d, "stats", "--json").stdout)
+    assert st["disk_hits"] == 1 and st["misses"] == 0 and st["hit_rate"] == 1.0, st
+
+
+# ---------------------------------------------------------------- 7, 9, 20: an adoptable package
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_the_version_names_the_build_from_a_checkout_and_the_release_elsewhere(tmp_path: Path) -> None:
+    import re
+    import shutil
+
+    import tomllib
+
+    from fa4cache import version as v
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == v.RELEASE
+    count, sha = _git("rev-list", "--count", "HEAD"), _git("rev-parse", "--short=7", "HEAD")
+    want = rf"{re.escape(v.RELEASE)}\.dev{count}\+g{sha}(\.dirty)?"
+    p = subprocess.run(
+        [sys.executable, "-m", "fa4cache", "--version"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert p.returncode == 0 and re.fullmatch(f"fa4cache {want}", p.stdout.strip()), p.stdout + p.stderr
+    # `import fa4cache` asks git nothing; the version is computed when first read.
+    spy = (
+        "import subprocess, sys\n"
+        "calls = []\n"
+        "real = subprocess.Popen.__init__\n"
+        "def spy(self, *a, **k):\n    calls.append(a[0]); real(self, *a, **k)\n"
+        "subprocess.Popen.__init__ = spy\n"
+        "import fa4cache\n"
+        "assert calls == [], calls\n"
+        "print(fa4cache.__version__)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", spy], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and re.fullmatch(want, p.stdout.strip()), p.stdout + p.stderr
+    # Without git on PATH, and from a copy that is no checkout: the release.
+    p = subprocess.run(
+        [sys.executable, "-c", "import fa4cache; print(fa4cache.__version__)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": str(tmp_path)},
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.strip() == v.RELEASE, p.stdout + p.stderr
+    shutil.copytree(ROOT / "fa4cache", tmp_path / "site" / "fa4cache")
+    p = subprocess.run(
+        [sys.executable, "-c", "import fa4cache; print(fa4cache.__file__, fa4cache.__version__)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.split() == [
+        str(tmp_path / "site" / "fa4cache" / "__init__.py"),
+        v.RELEASE,
+    ], p.stdout + p.stderr
+
+
+def test_the_license_file_and_py_typed_are_in_the_tree() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License") and "the fa4cache authors" in text
+    assert (ROOT / "fa4cache" / "py.typed").is_file()
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_license_and_py_typed(tmp_path: Path) -> None:
+    # The wheel itself, built as pyproject.toml says (about a minute on a busy 2-core machine).
+    import zipfile
+
+    import setuptools
+
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} here; pyproject.toml's build needs >= 77")
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w",
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (wheel,) = tmp_path.glob("fa4cache-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fa4cache/py.typed" in names
+    (lic,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: BSD-3-Clause" in meta and "License-File: LICENSE" in meta
+    assert zipfile.ZipFile(wheel).read(lic).decode() == (ROOT / "LICENSE").read_text()
+
+
+# ---------------------------------------------------------------- 10: a missing extra is named
+
+_NO_TORCH = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "flash_attn", "cutlass", "triton"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def test_a_mask_in_a_base_install_names_the_extra(tmp_path: Path) -> None:
+    code = _NO_TORCH + (
+        "import fa4cache\n"
+        "try:\n    fa4cache.make_document_mask([0, 3, 8])\n"
+        "except fa4cache.FA4NotAvailable as e:\n    print('MASK', e)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.startswith("MASK ") and "pip install 'fa4cache[fa4]'" in p.stdout, p.stdout
+
+
+def test_doctor_names_the_pip_line_for_a_missing_flash_attn_4(tmp_path: Path) -> None:
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "real = m.version\n"
+        "def version(d):\n"
+        "    if d == 'flash-attn-4':\n        raise m.PackageNotFoundError(d)\n"
+        "    return real(d)\n"
+        "m.version = version\n"
+        "from fa4cache.cli import main\n"
+        "sys.exit(main(['--cache-dir', sys.argv[1], 'doctor'] + sys.argv[2:]))\n"
+    )
+    d = tmp_path / "c"
+    runs = [
+        subprocess.run([sys.executable, "-c", code, str(d), *extra], cwd=ROOT, env=worker_env(d),
+                       capture_output=True, text=True, timeout=600)
+        for extra in ([], ["--json"])
+    ]  # fmt: skip
+    text, js = runs
+    assert text.returncode == 1 and js.returncode == 1, text.stderr + js.stderr
+    line = next(ln for ln in text.stdout.splitlines() if " flash-attn-4 " in ln)
+    assert line.startswith("[FAIL]") and "not installed: pip install 'fa4cache[fa4]'" in line, line
+    # --json: the same checks, for a fleet's health check to parse.
+    rep = json.loads(js.stdout)
+    assert rep["ok"] is False and rep["failed"] == 1
+    row = next(c for c in rep["checks"] if c["check"] == "flash-attn-4")
+    assert row == {
+        "status": "FAIL",
+        "check": "flash-attn-4",
+        "detail": "not installed: pip install 'fa4cache[fa4]'",
+    }
+    assert len(rep["checks"]) == len(text.stdout.strip().splitlines())
+    for c, ln in zip(rep["checks"], text.stdout.strip().splitlines()):
+        assert ln.startswith(f"[{c['status']:^4}] {c['check']}") and ln.endswith(c["detail"]), (c, ln)
+
+
+# ---------------------------------------------------------------- 17: logging, documented
+
+
+def test_log_level_setting_reaches_the_library_and_the_cli(tmp_path: Path) -> None:
+    import logging
+
+    from fa4cache.cli import main
+    from fa4cache.settings import BY_NAME
+
+    assert "FA4CACHE_LOG_LEVEL" in BY_NAME
+    code = (
+        "import logging, fa4cache\n"
+        "lg = logging.getLogger('fa4cache.store.example')\n"
+        "lg.debug('DEBUG-LINE'); lg.info('INFO-LINE'); lg.warning('WARNING-LINE')\n"
+        "print('OK')\n"
+    )
+
+    def lib(level: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "FA4CACHE_LOG_LEVEL"}
+        if level is not None:
+            env["FA4CACHE_LOG_LEVEL"] = level
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+
+    default, info, error, bad = lib(None), lib("info"), lib("ERROR"), lib("loud")
+    assert all(p.stdout.strip() == "OK" for p in (default, info, error, bad))
+    assert "WARNING-LINE" in default.stderr and "INFO-LINE" not in default.stderr
+    assert "INFO-LINE" in info.stderr and "DEBUG-LINE" not in info.stderr
+    assert error.stderr == ""
+    assert "FA4CACHE_LOG_LEVEL" in bad.stderr and "WARNING-LINE" in bad.stderr  # one warning, nothing changed
+    # The CLI: -v and -q, before or after the command, win over the setting.
+    d = tmp_path / "c"
+    root = logging.getLogger("fa4cache")
+    saved = (root.level, root.propagate, list(root.handlers), logging.getLogger().level)
+    try:
+        for argv, env, want in (
+            (["stats"], None, logging.WARNING),
+            (["stats"], "debug", logging.DEBUG),
+            (["-v", "stats"], "error", logging.INFO),
+            (["stats", "-q"], "debug", logging.ERROR),
+            (["ls", "--quiet"], None, logging.ERROR),
+        ):
+            os.environ.pop("FA4CACHE_LOG_LEVEL", None)
+            if env:
+                os.environ["FA4CACHE_LOG_LEVEL"] = env
+            assert main(["--cache-dir", str(d), *argv]) == 0
+            assert root.getEffectiveLevel() == want, (argv, env)
+    finally:
+        os.environ.pop("FA4CACHE_LOG_LEVEL", None)
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
+        root.handlers[:] = saved[2]
+        logging.getLogger().setLevel(saved[3])
+    p = run_cli(d, "stats", env={"FA4CACHE_LOG_LEVEL": "loud"})
+    assert (
+        p.returncode == 2 and "FA4CACHE_LOG_LEVEL" in p.stderr and "debug, info, warning, error" in p.stderr
+    )
+    cli_doc = (ROOT / "docs" / "cli.md").read_text()
+    section = cli_doc.split("## Logging", 1)[1].split("\n## ", 1)[0]
+    assert all(x in section for x in ("FA4CACHE_LOG_LEVEL", "-v", "-q", "stderr")), section
