@@ -185,6 +185,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for r in rows:
         r["summary"] = display_summary(r["summary"])
         r["spec"] = relevant_fields(r["spec"])
+        # The mask as the table shows it, in JSON too (the sidecar's summary may hold none).
+        label = mask_label(r["spec"], r["summary"])
+        r["summary"]["mask"] = None if label == "-" else label
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

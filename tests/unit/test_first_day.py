@@ -435,3 +435,34 @@ def test_log_level_setting_reaches_the_library_and_the_cli(tmp_path: Path) -> No
     cli_doc = (ROOT / "docs" / "cli.md").read_text()
     section = cli_doc.split("## Logging", 1)[1].split("\n## ", 1)[0]
     assert all(x in section for x in ("FA4CACHE_LOG_LEVEL", "-v", "-q", "stderr")), section
+
+
+# ---------------------------------------------------------------- 16: ls --json says what ls says
+
+
+def test_ls_json_mask_is_the_mask_ls_prints(tmp_path: Path) -> None:
+    store = Store.at(tmp_path / "c")
+    store.record_toolchain(TC, {"id": TC})
+    specs = {
+        1: {"mask": "document", "window": 256, "block_size": 16, "softcap": None, "varlen": False},
+        2: {"mask": "document_window", "window": 128, "block_size": 16, "softcap": None, "varlen": True},
+        3: None,  # compiled by a training call: the summary's hash prefix
+    }
+    for n, spec in specs.items():
+        ref = EntryRef(TC, "fwd", f"{n}" * 64)  # digests that differ in the 12 characters ls shows
+        summary = {"dtype": "bf16", "head_dim": 64, "mask": None if spec else "b2f70b3b0552"}
+        assert store.publish_bytes(
+            ref, b"\x7fELF" + bytes(100 + n), summary=summary, spec=spec, compile_seconds=1.0
+        )
+    text = run_cli(tmp_path / "c", "ls").stdout.splitlines()[1:-1]
+    rows = json.loads(run_cli(tmp_path / "c", "ls", "--json").stdout)
+    assert len(text) == len(rows) == 3
+    shown = {line.split()[1]: line for line in text}
+    for r in rows:
+        line = shown[r["digest"][:12]]
+        assert r["summary"]["mask"] and f" {r['summary']['mask']} " in line, (r["summary"], line)
+    assert sorted(r["summary"]["mask"] for r in rows) == [
+        "b2f70b3b0552",
+        "document",
+        "document_window(128) varlen",
+    ]
