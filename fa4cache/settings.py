@@ -124,7 +124,20 @@ def _parse_dir(text: str, *, setting: str) -> Path:
 
 
 def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
-    return tuple(resolve_path(p, setting=setting) for p in str(text).split(os.pathsep) if p)
+    parts = [p for p in str(text).split(os.pathsep) if p]
+    out = []
+    for p in parts:
+        try:
+            out.append(resolve_path(p, setting=setting, what="base store"))
+        except ConfigError as e:
+            if len(parts) < 2:
+                raise
+            # Name the split: "/a:b" is two bases, "/a" and "b", and the second is the bad one.
+            raise ConfigError(
+                f"{e}; {setting} is split at {os.pathsep!r} into base stores, so {str(text)!r} names "
+                f"{' and '.join(repr(x) for x in parts)}, each of which must be an absolute path"
+            ) from None
+    return tuple(out)
 
 
 def _no_separator(paths: tuple[Path, ...], *, setting: str) -> None:
@@ -318,16 +331,32 @@ def check_placeholders(path: str, *, setting: str) -> None:
             )
 
 
-def resolve_path(path: str | os.PathLike[str], *, setting: str, node_id: str | None = None) -> Path:
-    """Expand ``~`` and placeholders; require an absolute result."""
-    text = os.path.expanduser(os.fspath(path))
+def path_text(path: Any, *, setting: str) -> str:
+    """``os.fspath(path)``, or a :class:`ConfigError` naming ``setting`` (``install(123)``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(
+            f"{setting}: expected a directory path (str or os.PathLike), got {type(path).__name__} {path!r}"
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ConfigError(f"{setting}: expected a str path, got {type(text).__name__} {text!r}")
+    return text
+
+
+def resolve_path(
+    path: str | os.PathLike[str], *, setting: str, node_id: str | None = None, what: str = "cache directory"
+) -> Path:
+    """Expand ``~`` and placeholders; require an absolute result. ``what``: the directory's
+    role, for the error (``cache directory``, ``base store``)."""
+    raw = path_text(path, setting=setting)
+    text = os.path.expanduser(raw)
     check_placeholders(text, setting=setting)
     if _PLACEHOLDER.search(text):
         values = placeholder_values(node_id)
         text = _PLACEHOLDER.sub(lambda m: _safe_component(values[m.group(1)]), text)
     p = Path(text)
     if not p.is_absolute():
-        raise ConfigError(f"{setting}: cache directory must be an absolute path, got {os.fspath(path)!r}")
+        raise ConfigError(f"{setting}: {what} must be an absolute path, got {raw!r}")
     return p
 
 
@@ -410,7 +439,7 @@ class Settings:
         if values["cache_dir"] is None:
             values["cache_dir"] = default_dir()
         if cache_dir is not None:
-            raw_dir = os.fspath(cache_dir)
+            raw_dir = path_text(cache_dir, setting=cache_dir_from)
             values["cache_dir"] = resolve_path(cache_dir, setting=cache_dir_from)
             values["cache_dir_from"] = cache_dir_from
         values["node_local"] = (
@@ -424,7 +453,9 @@ class Settings:
             if decl is None:
                 raise ConfigError(f"unknown store option {name!r} (known: {', '.join(sorted(by_field))})")
             if name == "base_dirs" and not isinstance(value, str):
-                value = tuple(resolve_path(p, setting="base_dirs") for p in value)
+                if isinstance(value, os.PathLike):
+                    value = (value,)
+                value = tuple(resolve_path(p, setting="base_dirs", what="base store") for p in value)
                 _no_separator(value, setting="base_dirs")
             elif isinstance(value, str):
                 value = decl.parse(value, setting=name)

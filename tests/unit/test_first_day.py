@@ -466,3 +466,44 @@ def test_ls_json_mask_is_the_mask_ls_prints(tmp_path: Path) -> None:
         "document",
         "document_window(128) varlen",
     ]
+
+
+# ---------------------------------------------------------------- 14: errors name the argument
+
+
+def test_bad_paths_name_the_argument_and_how_base_dirs_splits() -> None:
+    import fa4cache
+    from fa4cache.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"^cache_dir: expected a directory path \(str or os.PathLike\), got int 123$"
+    ):
+        fa4cache.Settings.from_env(123)  # what install(123) hands on
+    with pytest.raises(ConfigError, match="cache_dir: expected a directory path"):
+        fa4cache.install(123)
+    for call in (
+        lambda: fa4cache.Settings.from_env("/tmp/x", base_dirs="/a:b"),
+        lambda: fa4cache.env("/tmp/x", base_dirs="/a:b"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            call()
+        msg = str(e.value)
+        assert msg.startswith("base_dirs: base store must be an absolute path, got 'b'"), msg
+        assert "split at ':'" in msg and "'/a' and 'b'" in msg and "cache directory" not in msg, msg
+
+
+def test_mask_check_refuses_a_head_dim_fa4_does_not_run_and_a_meta_cu_seqlens() -> None:
+    import torch
+
+    import fa4cache
+
+    mask = fa4cache.make_document_mask(torch.tensor([0, 212, 512]), seqlen=512)
+    with pytest.raises(ValueError, match=r"head_dim: FA4 supports head dims 1 to 256, got 300"):
+        mask.for_head_dim(300)
+    with pytest.raises(
+        ValueError, match=r"^q: head_dim \(q.shape\[3\]\): FA4 supports head dims 1 to 256, got 300$"
+    ):
+        mask.check(torch.zeros(1, 512, 2, 300))
+    mask.check(torch.zeros(1, 512, 2, 256))  # the largest FA4 runs
+    with pytest.raises(ValueError, match=r"^cu_seqlens: a tensor on the meta device holds no values"):
+        fa4cache.make_document_mask(torch.tensor([0, 3, 8], device="meta"))
