@@ -219,6 +219,63 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def commands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (``stats``, ``bundle export``, ...), in the
+    parser's order; a command with subcommands is listed with them, not alone."""
+    out: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    full = f"{prefix} {name}".strip()
+                    if any(isinstance(x, argparse._SubParsersAction) for x in sp._actions):
+                        walk(sp, full)
+                    else:
+                        out[full] = sp
+
+    walk(parser or build_parser(), "")
+    return out
+
+
+COMMON = ("cache_dir", "verbose", "quiet")  # what every command takes (_common_options)
+
+
+def options(p: argparse.ArgumentParser, *, common: bool = True) -> list[argparse.Action]:
+    """``p``'s documented flags and arguments: not help, not hidden (``SUPPRESS``);
+    ``common=False``: without the options every command takes."""
+    return [
+        a
+        for a in p._actions
+        if not isinstance(a, argparse._HelpAction)
+        and a.help != argparse.SUPPRESS
+        and (common or a.dest not in COMMON)
+    ]
+
+
+def markdown_reference() -> str:
+    """The CLI reference (``docs/cli.md``'s, at every site build): per command its usage and
+    a table of its flags and arguments with their help, from the parser itself."""
+    lines = [
+        "Every command also takes `--cache-dir DIR`, `-v` (`--verbose`) and `-q` (`--quiet`), "
+        "before or after its name ([logging](#logging)).",
+        "",
+    ]
+    for name, p in commands().items():
+        usage = " ".join(p.format_usage().split()).removeprefix("usage: ")
+        lines += [f"### fa4cache {name}", "", f"`{usage}`", "", "| flag | what it does |", "|---|---|"]
+        for a in options(p, common=False):
+            flag = ", ".join(a.option_strings) or (a.metavar or a.dest)
+            if a.option_strings and a.nargs != 0 and not isinstance(a, argparse.BooleanOptionalAction):
+                flag += f" {a.metavar or a.dest.upper()}"
+            help_text = (a.help or "").replace("|", "\\|").replace("%%", "%")
+            if a.choices and "choices" not in help_text and not isinstance(a, argparse._SubParsersAction):
+                help_text += f" (one of: {', '.join(map(str, a.choices))})"
+            lines.append(f"| `{flag}` | {help_text} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
     """Records go to stderr as bare messages; the level is -v (info) or -q (error), else
     FA4CACHE_LOG_LEVEL, else warning. A bad FA4CACHE_LOG_LEVEL is a ConfigError here (exit 2):
