@@ -240,6 +240,9 @@ def mask_label(spec: Any, summary: dict[str, Any]) -> str:
     entries compiled by training calls carry no spec: their mask's hash prefix."""
     if not isinstance(spec, dict):
         return str(summary.get("mask") or "-")
+    gen = spec.get("generation")
+    if isinstance(gen, dict):  # a kernel of `warm --generation`'s decode calls
+        return "generation" + (f"({gen['window']})" if isinstance(gen.get("window"), int) else "")
     mask = str(spec.get("mask", "-"))
     if "window" in spec:
         mask += f"({spec['window']})"

@@ -235,7 +235,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from fa4cache.store import counters
 
     # Its lookups (and its workers', forked from here) are warm's own, not a job's hits.
-    counters.not_a_job()
+    counters.mark_warm_process()
     # warm compiles for --arch and runs no kernel: with the GPU hidden from this process
     # (before torch is imported), its -j workers fork from it once FA4 is imported, and the
     # import (seconds; 10 s and more on a busy GPU host) is paid once instead of once per worker.
@@ -253,7 +253,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
             from fa4cache.adapters.compile import set_cross_compile_env
 
             set_cross_compile_env(generation[0]["arch"])
-        failed += _report_generation(generation, cache_dir)
+        failed += _report_generation(generation, cache_dir, quiet=args.quiet)
     elif getattr(args, "generation", False) and args.hf_config and specs:
         failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
     for note in _replay_notes(rep):
@@ -317,9 +317,10 @@ class Progress:
     does not look hung. Kernels are seen as they land in the store (a thread lists its
     entries each second), which works the same for -j workers and for -j 1."""
 
-    def __init__(self, cache_dir: str, n_specs: int, *, quiet: bool) -> None:
+    def __init__(self, cache_dir: str, n_specs: int, *, quiet: bool, what: str = "spec") -> None:
         from fa4cache.store.paths import Layout
 
+        self.what = what
         self.layout = Layout(Path(cache_dir))
         self.n_specs = n_specs
         self.quiet = quiet
@@ -335,7 +336,7 @@ class Progress:
         if not self.quiet:
             self._before = self._entries()
             sys.stderr.write(
-                f"warming {plural(self.n_specs, 'spec')}: one line per kernel stored\n"
+                f"warming {plural(self.n_specs, self.what)}: one line per kernel stored\n"
                 if not self.tty
                 else ""
             )
@@ -382,7 +383,7 @@ class Progress:
         if self.tty and not self.quiet:
             done = int(30 * self.specs_done / self.n_specs)
             sys.stderr.write(
-                f"\r[{'#' * done}{'.' * (30 - done)}] {self.specs_done}/{self.n_specs} specs, "
+                f"\r[{'#' * done}{'.' * (30 - done)}] {self.specs_done}/{self.n_specs} {self.what}s, "
                 f"{plural(len(self.kernels), 'kernel')} compiled, {self._elapsed()}  "
             )
         sys.stderr.flush()
@@ -406,14 +407,20 @@ def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str
     from fa4cache.aot.model_config import load_config
 
     return _report_generation(
-        generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH), cache_dir
+        generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH),
+        cache_dir,
+        quiet=args.quiet,
     )
 
 
-def _report_generation(items: list[dict[str, Any]], cache_dir: str) -> int:
+def _report_generation(items: list[dict[str, Any]], cache_dir: str, *, quiet: bool = False) -> int:
     from fa4cache.adapters.compile import warm_generation_items
 
-    g = warm_generation_items(items, cache_dir=cache_dir)
+    # One line per kernel stored, as for the specs (the calls run in this process).
+    with Progress(cache_dir, len(items), quiet=quiet, what="generation call") as progress:
+        progress.start()
+        g = warm_generation_items(items, cache_dir=cache_dir)
+        progress.specs_done = len(items)
     for e in g.errors:
         print(f"generation FAILED: {e[:160]}")
     print(

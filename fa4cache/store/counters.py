@@ -114,7 +114,7 @@ class Counters:
             self.add("memory_hits", n, kind=kind)
 
     def snapshot(self) -> dict[str, Any]:
-        """What :meth:`flush` persists. In a ``fa4cache warm`` process (:func:`not_a_job`)
+        """What :meth:`flush` persists. In a ``fa4cache warm`` process (:func:`mark_warm_process`)
         the lookups are warm's own (a kernel looked up again after its compile, a worker
         waiting for another worker's kernel, the check that a kernel is present): they are
         kept in memory (warm's table reports them) and persisted as zeros, so that
@@ -169,11 +169,16 @@ class Counters:
 _NOT_A_JOB = False
 
 
-def not_a_job() -> None:
+def mark_warm_process() -> None:
     """This process, and the workers forked from it, run ``fa4cache warm``: their lookups
-    are not persisted as a job's hits, misses and lock waits (:meth:`Counters.snapshot`)."""
+    are not persisted as a job's hits, misses and lock waits (:meth:`Counters.snapshot`),
+    and their misses are no news (:func:`fa4cache.store.nearmiss.report`)."""
     global _NOT_A_JOB
     _NOT_A_JOB = True
+
+
+def is_warm_process() -> bool:
+    return _NOT_A_JOB
 
 
 # Called before each flush so that lock-free counters elsewhere can be folded in.

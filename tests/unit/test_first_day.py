@@ -507,3 +507,109 @@ def test_mask_check_refuses_a_head_dim_fa4_does_not_run_and_a_meta_cu_seqlens() 
     mask.check(torch.zeros(1, 512, 2, 256))  # the largest FA4 runs
     with pytest.raises(ValueError, match=r"^cu_seqlens: a tensor on the meta device holds no values"):
         fa4cache.make_document_mask(torch.tensor([0, 3, 8], device="meta"))
+
+
+# ---------------------------------------------------------------- 8: the CLI reference is the parser's
+
+
+def _flags_in_table(text: str) -> dict[str, set[str]]:
+    """Per command a commands table's rows name (``| `fa4cache CMD ...` |``; a bundle row
+    may name several: `` `fa4cache bundle export FILE [--current]` / `import FILE` ``), the
+    flags they name."""
+    import re
+
+    out: dict[str, set[str]] = {}
+    for cell in re.findall(r"^\| (`fa4cache [^|]*)\|", text, re.M):
+        group = ""
+        for part in cell.split(" / "):
+            words = re.findall(r"[\w-]+", part.replace("fa4cache ", ""))
+            if words[0] == "bundle":
+                group, words = "bundle ", words[1:]
+            flags = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", part))
+            out.setdefault(group + words[0], set()).update(flags)
+    return out
+
+
+def test_the_cli_tables_name_only_flags_the_parser_has_and_shows() -> None:
+    from fa4cache.cli import commands, options
+
+    cmds = commands()
+    for path in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        for cmd, flags in _flags_in_table(path.read_text()).items():
+            if cmd not in cmds:  # `bundle export/import/show FILE`: the group's row
+                continue
+            shown = {f for a in options(cmds[cmd]) for f in a.option_strings}
+            assert flags <= shown, (
+                f"{path.name}: {cmd} documents {sorted(flags - shown)}, not shown by its parser"
+            )
+    readme = _flags_in_table((ROOT / "README.md").read_text())
+    assert "--rebuild" in readme["verify"]
+    assert "--verify" in (ROOT / "README.md").read_text().split("fa4cache bundle", 1)[1].split("\n", 1)[0]
+
+
+def test_the_cli_reference_is_generated_from_the_parser() -> None:
+    import importlib.util
+
+    from fa4cache.cli import commands, markdown_reference, options
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = hooks.cli_page((ROOT / "docs" / "cli.md").read_text())
+    assert markdown_reference() in page
+    for name, p in commands().items():
+        assert f"### fa4cache {name}\n" in page, name
+        section = page.split(f"### fa4cache {name}\n", 1)[1].split("\n### ", 1)[0]
+        for a in options(p, common=False):
+            assert f"`{', '.join(a.option_strings) or a.metavar or a.dest}" in section, (name, a.dest)
+    assert "--all" not in page.split("### fa4cache bundle export\n", 1)[1].split("\n### ", 1)[0]  # hidden
+    with pytest.raises(ValueError, match="lost its marker"):
+        hooks.cli_page("# CLI\n")
+
+
+# ---------------------------------------------------------------- 6: warm --generation reads as warm
+
+
+_MISS = """
+import sys
+from fa4cache.store import Store, counters, nearmiss
+from tests.helpers.fake_compiler import FakeFA4
+
+store = Store(cache_dir=sys.argv[1])
+fa = FakeFA4(store, "fwd")
+fa.call(7, 0)
+nearmiss._seen_kinds.clear()  # as in a fresh process: its first miss of the kind
+if sys.argv[2] == "warm":
+    counters.mark_warm_process()
+fa.call(8, 0)
+print("compiles", fa.compiles)
+"""
+
+
+@pytest.mark.parametrize("who", ["job", "warm"])
+def test_a_miss_is_news_in_a_job_and_not_in_warm(tmp_path: Path, who: str) -> None:
+    p = subprocess.run(
+        [sys.executable, "-c", _MISS, str(tmp_path / who), who],
+        cwd=ROOT, env=worker_env(tmp_path / who), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.strip() == "compiles 2", p.stdout + p.stderr
+    said = "fwd miss: the closest key in this store differs in key" in p.stderr
+    assert said == (who == "job"), p.stderr
+
+
+def test_ls_names_generation_kernels(tmp_path: Path) -> None:
+    store = Store.at(tmp_path / "c")
+    store.record_toolchain(TC, {"id": TC})
+    gen = {"heads": 4, "heads_kv": 2, "head_dim": 64, "softcap": None, "dtype": "bf16"}
+    for n, window in ((1, None), (2, None), (3, 512)):
+        spec = {"generation": {**gen, "window": window}, "arch": "sm_90"}
+        ref = EntryRef(TC, "fwd", f"{n}" * 64)
+        assert store.publish_bytes(
+            ref, b"\x7fELF" + bytes(100 + n), summary={"dtype": "bf16", "head_dim": 64}, spec=spec
+        )
+    lines = run_cli(tmp_path / "c", "ls").stdout.splitlines()[1:-1]
+    masks = sorted(line.split()[4] for line in lines)
+    assert masks == ["generation", "generation", "generation(512)"], lines
+    rows = json.loads(run_cli(tmp_path / "c", "ls", "--json").stdout)
+    assert sorted(r["summary"]["mask"] for r in rows) == masks
