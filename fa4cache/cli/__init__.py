@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 CACHE_DIR_HELP = "store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)"
 VERBOSE_HELP = "log what happens (level info; FA4CACHE_LOG_LEVEL=debug for more)"
 QUIET_HELP = "log errors only; no progress bar"
+REMOVAL_JSON_HELP = (
+    "print what was (with --dry-run: would be) removed and what remains as JSON: removed "
+    "[{kind, digest, toolchain, size}], removed_bytes, removed_toolchains, temp_files, remaining, "
+    "remaining_bytes, skipped, failed"
+)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -124,12 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "-n", "--dry-run", action="store_true", help="list what the same run would remove; remove nothing"
     )
+    s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_prune)
 
     s = sub.add_parser("clear", help="remove every entry")
     s.add_argument("--all", action="store_true", help="also counters and quarantine")
     s.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_clear)
 
     s = sub.add_parser("warm", help="compile kernel sets ahead of time, without a GPU")

@@ -331,11 +331,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
     try:
         store = _open_for_removal(args)
     except NoStoreYet as e:
-        print(f"{no_store_line(e)}: nothing to remove")
-        return 0
+        return _nothing_to_remove(args, e)
     plan = plan_prune(store, max_size=max_size, older_than=older, stale_after=stale_after)
     if args.dry_run:
-        return _report_dry_run(dry_run_report(store, plan), store)
+        return _report_dry_run(dry_run_report(store, plan), store, args)
     if plan.removes_most():
         what = (
             f"{plural(len(plan.entries), 'entry')} ({human(plan.bytes)}) of the "
@@ -346,6 +345,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             return 1
     rep = apply_prune(store, plan)
     store.flush_counters()
+    if args.json:
+        return _report_json(rep, store, dry_run=False)
     remaining = list(store.entries())
     print(
         f"removed {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
@@ -371,7 +372,38 @@ def _open_for_removal(args: argparse.Namespace) -> Any:
     return Store(writable_store_settings(args).with_cache_dir(s.cache_dir))
 
 
-def _report_dry_run(rep: Any, store: Any) -> int:
+def _nothing_to_remove(args: argparse.Namespace, e: NoStoreYet) -> int:
+    if args.json:
+        print(json.dumps({"cache_dir": str(e.settings.cache_dir), "dry_run": args.dry_run, "removed": []}))
+    else:
+        print(f"{no_store_line(e)}: nothing to remove")
+    return 0
+
+
+def _report_json(rep: Any, store: Any, *, dry_run: bool) -> int:
+    """``--json``: what was (``dry_run``: would be) removed and what remains, for a script."""
+    gone = {e.ref for e in rep.removed}
+    remaining = [e for e in store.entries() if e.ref not in gone]
+    ref = lambda r: {"kind": r.kind, "digest": r.digest, "toolchain": r.toolchain}  # noqa: E731
+    out = {
+        "cache_dir": str(store.root),
+        "dry_run": dry_run,
+        "removed": [{**ref(e.ref), "size": e.size} for e in rep.removed],
+        "removed_bytes": rep.freed_bytes,
+        "removed_toolchains": list(rep.removed_toolchains),
+        "temp_files": rep.temp_files,
+        "remaining": len(remaining),
+        "remaining_bytes": sum(e.size for e in remaining),
+        "skipped": [ref(r) for r in rep.skipped],
+        "failed": [{**ref(r), "why": why} for r, why in rep.failed],
+    }
+    print(json.dumps(out, indent=2))
+    return 0 if dry_run else (1 if rep.skipped or rep.failed else 0)
+
+
+def _report_dry_run(rep: Any, store: Any, args: argparse.Namespace) -> int:
+    if args.json:
+        return _report_json(rep, store, dry_run=True)
     for e in rep.removed:
         print(
             f"would remove {e.ref.kind:<16} {e.ref.digest[:16]}  {human(e.size):>10}  toolchain {e.ref.toolchain}"
@@ -405,16 +437,17 @@ def cmd_clear(args: argparse.Namespace) -> int:
     try:
         store = _open_for_removal(args)
     except NoStoreYet as e:
-        print(f"{no_store_line(e)}: nothing to remove")
-        return 0
+        return _nothing_to_remove(args, e)
     if args.dry_run:
-        return _report_dry_run(clear(store, everything=args.all, dry_run=True), store)
+        return _report_dry_run(clear(store, everything=args.all, dry_run=True), store, args)
     what = f"every entry{' and all counters' if args.all else ''} in {store.root}"
     if store.root != asked:  # a squatted node-local path: the store the workers use instead
         what += f" (the store used instead of {asked}, which is not safe to use)"
     if not confirm(args, what):
         print("nothing removed")
         return 1
+    if args.json:
+        return _report_json(clear(store, everything=args.all), store, dry_run=False)
     print(f"removing {what}")
     rep = clear(store, everything=args.all)
     print(f"removed {plural(len(rep.removed), 'entry')} from {store.root}")

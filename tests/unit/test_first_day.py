@@ -613,3 +613,22 @@ def test_ls_names_generation_kernels(tmp_path: Path) -> None:
     assert masks == ["generation", "generation", "generation(512)"], lines
     rows = json.loads(run_cli(tmp_path / "c", "ls", "--json").stdout)
     assert sorted(r["summary"]["mask"] for r in rows) == masks
+
+
+# ---------------------------------------------------------------- 18: --json where a script reads
+
+
+def test_prune_and_clear_json_say_what_the_run_removes(four_kernels: Path, tmp_path: Path) -> None:
+    dry = run_cli(four_kernels, "prune", "--older-than", "1d", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert plan["dry_run"] is True and len(plan["removed"]) == 3 and plan["remaining"] == 1
+    assert _objects(four_kernels) == {f"{n:064x}" for n in (1, 2, 3, 4)}
+    real = json.loads(run_cli(four_kernels, "prune", "--older-than", "1d", "--yes", "--json").stdout)
+    assert real["dry_run"] is False and real["skipped"] == real["failed"] == []
+    assert sorted(r["digest"] for r in real["removed"]) == sorted(r["digest"] for r in plan["removed"])
+    assert real["removed_bytes"] == plan["removed_bytes"] and real["remaining"] == 1
+    c = json.loads(run_cli(four_kernels, "clear", "--dry-run", "--json").stdout)
+    assert [r["kind"] for r in c["removed"]] == ["bwd_postprocess_convert"] and c["remaining"] == 0
+    gone = run_cli(tmp_path / "none", "prune", "--max-size", "1G", "--json")
+    assert gone.returncode == 0 and json.loads(gone.stdout)["removed"] == []
