@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes, each compiling one kernel at a time "
         "(default: as many as CPU cores and kernels; 1: in this process)",
     )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout (target, specs [{spec, label, compiles, present, "
+        "compile_seconds, seconds, error}], jit, generation, notes, failed); the tables go to stderr",
+    )
     warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)
 

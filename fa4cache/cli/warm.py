@@ -241,27 +241,50 @@ def cmd_warm(args: argparse.Namespace) -> int:
     # import (seconds; 10 s and more on a busy GPU host) is paid once instead of once per worker.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     specs, jit_calls, rep = _specs(args)
+    if not getattr(args, "json", False):
+        return _warm(args, specs, jit_calls, rep, cache_dir, {})
+    # --json: the tables and lines go to stderr, one JSON summary to stdout.
+    import contextlib
+
+    summary: dict[str, Any] = {"cache_dir": cache_dir, "specs": [], "jit": [], "generation": None}
+    with contextlib.redirect_stdout(sys.stderr):
+        code = _warm(args, specs, jit_calls, rep, cache_dir, summary)
+    summary["failed"] = code != 0
+    print(json.dumps(summary, indent=2))
+    return code
+
+
+def _warm(
+    args: argparse.Namespace,
+    specs: list[Any],
+    jit_calls: list[Any],
+    rep: Any,
+    cache_dir: str,
+    out: dict[str, Any],
+) -> int:
+    """warm's work; ``out`` collects the summary ``--json`` prints."""
     from .warm_jit import run
 
-    jit_failed = run(jit_calls, cache_dir) if jit_calls else 0
+    jit_failed = run(jit_calls, cache_dir, out) if jit_calls else 0
     generation = rep.generation if rep is not None else []
     if not (specs or jit_calls or generation):
         print("nothing to warm")
-    failed = _warm_specs(args, specs, cache_dir) if specs else 0
+    failed = _warm_specs(args, specs, cache_dir, out) if specs else 0
     if generation:  # --replay of warm --generation's calls
         if not specs:
             from fa4cache.adapters.compile import set_cross_compile_env
 
             set_cross_compile_env(generation[0]["arch"])
-        failed += _report_generation(generation, cache_dir, quiet=args.quiet)
+        failed += _report_generation(generation, cache_dir, out, quiet=args.quiet)
     elif getattr(args, "generation", False) and args.hf_config and specs:
-        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
-    for note in _replay_notes(rep):
+        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir, out)
+    out["notes"] = _replay_notes(rep)
+    for note in out["notes"]:
         print(note)
     return 1 if failed or jit_failed else 0
 
 
-def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> int:
+def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str, out: dict[str, Any]) -> int:
     """Compile the FA4 ``specs`` (one target arch), print the table; how many failed."""
     archs = sorted({_norm_arch(s.arch) for s in specs})
     if len(archs) > 1:
@@ -284,6 +307,16 @@ def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> i
     print("\n".join(lines))
     total = sum(r["compiles"] for _, r in results)
     compile_s = sum(r["compile_seconds"] for _, r in results)
+    out["target"] = {"arch": target["arch"], "num_sms": target["num_sms"]}
+    out["specs"] = [
+        {
+            "spec": s.to_dict(),
+            "label": s.label(),
+            **{k: r[k] for k in ("compiles", "present", "compile_seconds", "seconds", "error")},
+        }
+        for s, r in results
+    ]
+    out["seconds"] = round(time.perf_counter() - t0, 3)
     print(
         f"{plural(len(results), 'spec')}, {plural(total, 'kernel')} compiled ({compile_s:.1f} s compiling), "
         f"{failed} failed, {time.perf_counter() - t0:.1f} s in all"
@@ -402,18 +435,21 @@ class Progress:
                 sys.stderr.write("\n")
 
 
-def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str) -> int:
+def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str, out: dict[str, Any]) -> int:
     from fa4cache.adapters.compile import generation_items
     from fa4cache.aot.model_config import load_config
 
     return _report_generation(
         generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH),
         cache_dir,
+        out,
         quiet=args.quiet,
     )
 
 
-def _report_generation(items: list[dict[str, Any]], cache_dir: str, *, quiet: bool = False) -> int:
+def _report_generation(
+    items: list[dict[str, Any]], cache_dir: str, out: dict[str, Any], *, quiet: bool = False
+) -> int:
     from fa4cache.adapters.compile import warm_generation_items
 
     # One line per kernel stored, as for the specs (the calls run in this process).
@@ -421,6 +457,13 @@ def _report_generation(items: list[dict[str, Any]], cache_dir: str, *, quiet: bo
         progress.start()
         g = warm_generation_items(items, cache_dir=cache_dir)
         progress.specs_done = len(items)
+    out["generation"] = {
+        "kernels": g.kernels,
+        "compiles": g.compiles,
+        "present": g.present,
+        "errors": list(g.errors),
+        "seconds": round(g.seconds, 3),
+    }
     for e in g.errors:
         print(f"generation FAILED: {e[:160]}")
     print(

@@ -227,6 +227,17 @@ def test_a_cold_warm_counts_compiles_not_hits_and_a_job_after_it_counts_its_hits
     assert r["compiles"] == 0 and r["disk_hits"] == 1, r
     st = json.loads(run_cli(d, "stats", "--json").stdout)
     assert st["disk_hits"] == 1 and st["misses"] == 0 and st["hit_rate"] == 1.0, st
+    # Again, with --json (18): one summary on stdout for a script, the table on stderr.
+    again = run_cli(d, "warm", "--manifest", str(manifest), "--json")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    (row,) = summary["specs"]
+    assert (row["compiles"], row["present"], row["error"]) == (0, 4, None) and row["spec"][
+        "mask"
+    ] == "document"
+    assert summary["failed"] is False and summary["target"]["arch"] == "sm_90"
+    assert "present" in again.stderr and "1 spec, 0 kernels compiled" in again.stderr
+    assert json.loads(run_cli(d, "stats", "--json").stdout)["disk_hits"] == 1  # still only the job's
 
 
 # ---------------------------------------------------------------- 7, 9, 20: an adoptable package
