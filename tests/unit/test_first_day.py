@@ -310,8 +310,14 @@ def test_the_wheel_carries_the_license_and_py_typed(tmp_path: Path) -> None:
 
     if int(setuptools.__version__.split(".")[0]) < 77:
         pytest.skip(f"setuptools {setuptools.__version__} here; pyproject.toml's build needs >= 77")
+    import shutil
+
+    # From a copy: pip builds in the source tree (build/, *.egg-info), and the checkout stays as it is.
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", "site")
+    shutil.copytree(ROOT, src, ignore=skip)
     p = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w",
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w",
          str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
