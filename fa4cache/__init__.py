@@ -27,8 +27,9 @@ from .errors import (
     UnkeyableCode,
     UnstableKeyError,
 )
-from .settings import Settings
-from .version import __version__  # noqa: F401  (the package version)
+from .settings import Settings, apply_log_level
+
+apply_log_level()  # FA4CACHE_LOG_LEVEL, when set: the fa4cache logger's level (cheap: no import)
 
 __all__ = [
     "ConfigError",
@@ -72,6 +73,8 @@ _LAZY = {
     "jit_cache": "fa4cache.adapters.jit.jit_cache",
     "expect_warm": "fa4cache.warmth",
     "UnexpectedCompile": "fa4cache.warmth",
+    # The build's version asks git in a checkout: on first use, not at import.
+    "__version__": "fa4cache.version",
 }
 
 # Subpackages reachable as attributes without an import of their own, as the docs

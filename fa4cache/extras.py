@@ -37,16 +37,23 @@ def missing(*modules: str) -> list[str]:
     return out
 
 
+def pip_line(*modules: str) -> str:
+    """The ``pip install 'fa4cache[...]'`` line that installs ``modules`` (top-level module
+    names or distribution names, as :data:`PROVIDED_BY` lists them)."""
+    by_dist = {dist: extra for dist, extra in PROVIDED_BY.values()}
+    extras = sorted({PROVIDED_BY[m][1] if m in PROVIDED_BY else by_dist.get(m, "fa4") for m in modules})
+    return f"pip install 'fa4cache[{','.join(extras)}]'"
+
+
 def require(feature: str, *modules: str) -> None:
     """:class:`FA4NotAvailable` naming the ``pip install`` line when one of ``modules`` is missing."""
     absent = missing(*modules)
     if not absent:
         return
-    extras = sorted({PROVIDED_BY.get(m, (m, "fa4"))[1] for m in absent})
     dists = ", ".join(PROVIDED_BY.get(m, (m, ""))[0] for m in absent)
     raise FA4NotAvailable(
         f"{feature} needs {dists}, which {'is' if len(absent) == 1 else 'are'} not installed: "
-        f"pip install 'fa4cache[{','.join(extras)}]'"
+        f"{pip_line(*absent)}"
     )
 
 

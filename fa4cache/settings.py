@@ -50,11 +50,18 @@ def parse_seconds(text: str, *, setting: str) -> float:
     return v
 
 
-def parse_size(text: str, *, setting: str = "size") -> int:
-    """``"2G"``, ``"500M"``, ``"1.5T"`` or a plain byte count, in bytes."""
-    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+def parse_size(text: str, *, setting: str = "size", unit_required: bool = False) -> int:
+    """``"2G"``, ``"500M"``, ``"1.5T"``, ``"10B"`` or (unless ``unit_required``) a plain byte
+    count, in bytes. Command-line flags require the unit: ``--max-size 2`` read as 2 bytes
+    evicts a whole store."""
+    m = re.fullmatch(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGTP]?)(i?B)?\s*", str(text), re.IGNORECASE)
     if not m:
         raise ConfigError(f"{setting}: cannot parse size {text!r} (use e.g. 500M, 2G, 1T)")
+    if unit_required and not (m.group(2) or m.group(3)):
+        raise ConfigError(
+            f"{setting}: {text.strip()!r} has no unit; write it with one, e.g. {setting} {m.group(1)}G "
+            "(units: B, K, M, G, T, P)"
+        )
     v = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if not math.isfinite(v) or v > MAX_SIZE_BYTES:
         raise ConfigError(f"{setting}: size {text!r} is larger than any store can be (max 1024P)")
@@ -62,11 +69,17 @@ def parse_size(text: str, *, setting: str = "size") -> int:
 
 
 def parse_duration(text: str, *, setting: str = "duration") -> float:
-    """``"30d"``, ``"12h"``, ``"15m"``, ``"45s"`` or plain seconds, in seconds."""
+    """``"30d"``, ``"12h"``, ``"15m"``, ``"45s"``, ``"2w"``, in seconds. The unit is required:
+    ``--older-than 30`` read as seconds evicts a whole store."""
     m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([smhdw]?)\s*", str(text))
     if not m:
         raise ConfigError(f"{setting}: cannot parse duration {text!r} (use e.g. 45s, 15m, 12h, 30d)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+    if not m.group(2):
+        raise ConfigError(
+            f"{setting}: {text.strip()!r} has no unit; write it with one, e.g. {setting} {m.group(1)}d "
+            "(units: s, m, h, d, w)"
+        )
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
 
 
 def parse_choice(*choices: str) -> Callable[..., str]:
@@ -123,7 +136,20 @@ def _parse_dir(text: str, *, setting: str) -> Path:
 
 
 def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
-    return tuple(resolve_path(p, setting=setting) for p in str(text).split(os.pathsep) if p)
+    parts = [p for p in str(text).split(os.pathsep) if p]
+    out = []
+    for p in parts:
+        try:
+            out.append(resolve_path(p, setting=setting, what="base store"))
+        except ConfigError as e:
+            if len(parts) < 2:
+                raise
+            # Name the split: "/a:b" is two bases, "/a" and "b", and the second is the bad one.
+            raise ConfigError(
+                f"{e}; {setting} is split at {os.pathsep!r} into base stores, so {str(text)!r} names "
+                f"{' and '.join(repr(x) for x in parts)}, each of which must be an absolute path"
+            ) from None
+    return tuple(out)
 
 
 def _no_separator(paths: tuple[Path, ...], *, setting: str) -> None:
@@ -138,6 +164,8 @@ def _no_separator(paths: tuple[Path, ...], *, setting: str) -> None:
 
 
 # --------------------------------------------------------------------------- the table
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -204,6 +232,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_BUNDLE_MAX_MANIFEST", parse_size, 64 << 20, "bundle import: largest manifest "
             "(decompressed JSON; a few KiB per entry)"),
     Setting("FA4CACHE_DISABLE", parse_flag, False, "`1`: `install()` does nothing", "disabled"),
+    Setting("FA4CACHE_LOG_LEVEL", parse_choice(*LOG_LEVELS), None, "level of the `fa4cache` logger: "
+            "`debug`, `info`, `warning`, `error` (unset: the CLI shows warnings, `-v` info, `-q` errors only; "
+            "in a job, the `fa4cache` logger follows Python's logging configuration); the CLI's `-v`/`-q` "
+            "win over it ([logging](cli.md#logging))"),
     Setting("FA4CACHE_NODE_ID", parse_text, None, "the `{node_id}` placeholder (default: the Ray node id, "
             "else the hostname)", job=False),
     Setting("FA4CACHE_NODE_LOCAL", parse_flag, False, "set by the Ray hook (`1`): the store is meant to "
@@ -243,6 +275,31 @@ REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
 def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The parsed value of one declared variable (its default when unset)."""
     return BY_NAME[name].read(environ)
+
+
+def apply_log_level(environ: Mapping[str, str] | None = None) -> str | None:
+    """``FA4CACHE_LOG_LEVEL``, when set, for the ``fa4cache`` logger of this process
+    (``import fa4cache`` calls this): its level, and, where nothing is configured to show
+    its records (no handler on it or on the root logger), one stderr handler of its own.
+    A bad value is one warning and no change (a log setting never stops a job). Returns
+    the level applied, or None."""
+    import logging
+
+    logger = logging.getLogger("fa4cache")
+    try:
+        level = setting("FA4CACHE_LOG_LEVEL", environ)
+    except ConfigError as e:
+        logger.warning("fa4cache: %s; logging unchanged", e)
+        return None
+    if level is None:
+        return None
+    logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False  # a root handler configured later would print each record twice
+    return str(level)
 
 
 def markdown_table() -> str:
@@ -294,16 +351,32 @@ def check_placeholders(path: str, *, setting: str) -> None:
             )
 
 
-def resolve_path(path: str | os.PathLike[str], *, setting: str, node_id: str | None = None) -> Path:
-    """Expand ``~`` and placeholders; require an absolute result."""
-    text = os.path.expanduser(os.fspath(path))
+def path_text(path: Any, *, setting: str) -> str:
+    """``os.fspath(path)``, or a :class:`ConfigError` naming ``setting`` (``install(123)``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(
+            f"{setting}: expected a directory path (str or os.PathLike), got {type(path).__name__} {path!r}"
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ConfigError(f"{setting}: expected a str path, got {type(text).__name__} {text!r}")
+    return text
+
+
+def resolve_path(
+    path: str | os.PathLike[str], *, setting: str, node_id: str | None = None, what: str = "cache directory"
+) -> Path:
+    """Expand ``~`` and placeholders; require an absolute result. ``what``: the directory's
+    role, for the error (``cache directory``, ``base store``)."""
+    raw = path_text(path, setting=setting)
+    text = os.path.expanduser(raw)
     check_placeholders(text, setting=setting)
     if _PLACEHOLDER.search(text):
         values = placeholder_values(node_id)
         text = _PLACEHOLDER.sub(lambda m: _safe_component(values[m.group(1)]), text)
     p = Path(text)
     if not p.is_absolute():
-        raise ConfigError(f"{setting}: cache directory must be an absolute path, got {os.fspath(path)!r}")
+        raise ConfigError(f"{setting}: {what} must be an absolute path, got {raw!r}")
     return p
 
 
@@ -386,7 +459,7 @@ class Settings:
         if values["cache_dir"] is None:
             values["cache_dir"] = default_dir()
         if cache_dir is not None:
-            raw_dir = os.fspath(cache_dir)
+            raw_dir = path_text(cache_dir, setting=cache_dir_from)
             values["cache_dir"] = resolve_path(cache_dir, setting=cache_dir_from)
             values["cache_dir_from"] = cache_dir_from
         values["node_local"] = (
@@ -400,7 +473,9 @@ class Settings:
             if decl is None:
                 raise ConfigError(f"unknown store option {name!r} (known: {', '.join(sorted(by_field))})")
             if name == "base_dirs" and not isinstance(value, str):
-                value = tuple(resolve_path(p, setting="base_dirs") for p in value)
+                if isinstance(value, os.PathLike):
+                    value = (value,)
+                value = tuple(resolve_path(p, setting="base_dirs", what="base store") for p in value)
                 _no_separator(value, setting="base_dirs")
             elif isinstance(value, str):
                 value = decl.parse(value, setting=name)

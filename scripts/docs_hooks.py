@@ -1,7 +1,8 @@
 """Build-time helpers for the docs site (``mkdocs.yml`` names this file twice).
 
 * A mkdocs hook: the settings reference (``docs/settings.md``) gets its table from the one
-  declaration in ``fa4cache/settings.py`` at every build; the benchmark tables in
+  declaration in ``fa4cache/settings.py`` at every build, and the CLI reference
+  (``docs/cli.md``) its per-command flags from the CLI's argparse parser; the benchmark tables in
   ``benchmarks/results/`` (tables, logs, profiles) and ``CHANGELOG.md`` become pages of the site, so that links
   to them are checked by ``mkdocs build --strict`` like any other.
 * A griffe extension for mkdocstrings: ``adapters/`` and ``ray_integration/`` install as
@@ -21,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_MARKER = "<!-- settings-table: generated from fa4cache/settings.py at build time -->"
 # Subpackages that live outside fa4cache/ (pyproject.toml [tool.setuptools.package-dir]).
 MAPPED = {"adapters": ROOT / "adapters", "ray_integration": ROOT / "ray_integration"}
+
+
+CLI_MARKER = "<!-- cli-reference: generated from fa4cache/cli's parser at build time -->"
+
+
+def cli_page(markdown: str) -> str:
+    """``docs/cli.md`` with its marker replaced by the reference of every command's flags."""
+    from fa4cache.cli import markdown_reference
+
+    if CLI_MARKER not in markdown:
+        raise ValueError(f"docs/cli.md lost its marker line: {CLI_MARKER}")
+    return markdown.replace(CLI_MARKER, markdown_reference())
 
 
 def settings_page(markdown: str) -> str:
@@ -47,11 +60,11 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if page.file.src_uri == "settings.md":
+    if page.file.src_uri in ("settings.md", "cli.md"):
         from mkdocs.exceptions import PluginError
 
         try:
-            return settings_page(markdown)
+            return settings_page(markdown) if page.file.src_uri == "settings.md" else cli_page(markdown)
         except ValueError as e:
             raise PluginError(str(e)) from e
     if page.file.src_uri == "changelog.md":  # CHANGELOG.md links from the repository root

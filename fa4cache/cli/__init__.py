@@ -16,17 +16,7 @@ from typing import Any
 from ..aot.spec import MASKS
 from ..arch import ARCHS
 from ..errors import Fa4CacheError
-from ..version import __version__
-
-
-class _Version(argparse.Action):
-    """``--version``: fa4cache's and FA4's, and whether fa4cache was verified on that FA4
-    (computed only when asked: it walks FA4's sources)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        from ..fa4_releases import installed
-
-        parser.exit(message=f"fa4cache {__version__}; {installed().describe()}\n")
+from ..version import version
 from . import warm_jit
 from .bundle import add_bundle_parser
 from .doctor import cmd_doctor, cmd_env
@@ -37,6 +27,13 @@ log = logging.getLogger(__name__)
 
 
 CACHE_DIR_HELP = "store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)"
+VERBOSE_HELP = "log what happens (level info; FA4CACHE_LOG_LEVEL=debug for more)"
+QUIET_HELP = "log errors only; no progress bar"
+REMOVAL_JSON_HELP = (
+    "print what was (with --dry-run: would be) removed and what remains as JSON: removed "
+    "[{kind, digest, toolchain, size}], removed_bytes, removed_toolchains, temp_files, remaining, "
+    "remaining_bytes, skipped, failed"
+)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -45,9 +42,8 @@ def _common_options() -> argparse.ArgumentParser:
     overwritten by the subcommand's unset default."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
-    common.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what happens"
-    )
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
     return common
 
 
@@ -61,12 +57,26 @@ class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
         return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: the build's version is computed (git, in a checkout) only when asked,
+    and so is the FA4 release and whether fa4cache was verified on it (it walks FA4's sources)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from ..fa4_releases import installed
+
+        print(f"fa4cache {version()}; {installed().describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
     p.register("action", "parsers", _SubParsers)
-    p.add_argument("--version", action=_Version, nargs=0, help="show fa4cache's version and the FA4 release")
+    p.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version (the build's, in a checkout) and the FA4 release, and exit"
+    )
     p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
-    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
@@ -96,19 +106,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
-    s.add_argument("--max-size", help="evict least recently used entries until the store fits (e.g. 20G)")
-    s.add_argument("--older-than", help="evict entries unused for this long (e.g. 30d, 12h)")
+    s.add_argument(
+        "--max-size",
+        metavar="SIZE",
+        help="evict least recently used entries until the store fits; a unit is required "
+        "(B, K, M, G, T: e.g. 20G, 500M)",
+    )
+    s.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="evict entries unused for this long; a unit is required (s, m, h, d, w: e.g. 30d, 12h)",
+    )
     s.add_argument(
         "--fingerprint", help="'stale': entries of toolchains no process has used for --stale-after"
     )
-    s.add_argument("--stale-after", help="with --fingerprint stale: unused for this long (default 1d)")
-    s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    s.add_argument(
+        "--stale-after", metavar="AGE", help="with --fingerprint stale: unused for this long (default 1d)"
+    )
+    s.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask for confirmation (asked on a terminal when the run would remove more than "
+        "half of the store's entries or bytes; refused without a terminal)",
+    )
+    s.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what the same run would remove; remove nothing"
+    )
+    s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_prune)
 
     s = sub.add_parser("clear", help="remove every entry")
     s.add_argument("--all", action="store_true", help="also counters and quarantine")
     s.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_clear)
 
     s = sub.add_parser("warm", help="compile kernel sets ahead of time, without a GPU")
@@ -176,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes, each compiling one kernel at a time "
         "(default: as many as CPU cores and kernels; 1: in this process)",
     )
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout (target, specs [{spec, label, compiles, present, "
+        "compile_seconds, seconds, error}], jit, generation, notes, failed); the tables go to stderr",
+    )
     warm_jit.add_arguments(s)
     s.set_defaults(func=cmd_warm)
 
@@ -189,15 +225,99 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "doctor", help="check versions, GPU, directory, filesystem, locks (exit 1 when a check fails)"
     )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print the checks as JSON: ok, failed, checks [{status, check, detail}]",
+    )
     s.set_defaults(func=cmd_doctor)
     add_bundle_parser(sub)
     return p
 
 
+def commands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (``stats``, ``bundle export``, ...), in the
+    parser's order; a command with subcommands is listed with them, not alone."""
+    out: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    full = f"{prefix} {name}".strip()
+                    if any(isinstance(x, argparse._SubParsersAction) for x in sp._actions):
+                        walk(sp, full)
+                    else:
+                        out[full] = sp
+
+    walk(parser or build_parser(), "")
+    return out
+
+
+COMMON = ("cache_dir", "verbose", "quiet")  # what every command takes (_common_options)
+
+
+def options(p: argparse.ArgumentParser, *, common: bool = True) -> list[argparse.Action]:
+    """``p``'s documented flags and arguments: not help, not hidden (``SUPPRESS``);
+    ``common=False``: without the options every command takes."""
+    return [
+        a
+        for a in p._actions
+        if not isinstance(a, argparse._HelpAction)
+        and a.help != argparse.SUPPRESS
+        and (common or a.dest not in COMMON)
+    ]
+
+
+def markdown_reference() -> str:
+    """The CLI reference (``docs/cli.md``'s, at every site build): per command its usage and
+    a table of its flags and arguments with their help, from the parser itself."""
+    lines = [
+        "Every command also takes `--cache-dir DIR`, `-v` (`--verbose`) and `-q` (`--quiet`), "
+        "before or after its name ([logging](#logging)).",
+        "",
+    ]
+    for name, p in commands().items():
+        usage = " ".join(p.format_usage().split()).removeprefix("usage: ")
+        lines += [f"### fa4cache {name}", "", f"`{usage}`", "", "| flag | what it does |", "|---|---|"]
+        for a in options(p, common=False):
+            flag = ", ".join(a.option_strings) or (a.metavar or a.dest)
+            if a.option_strings and a.nargs != 0 and not isinstance(a, argparse.BooleanOptionalAction):
+                flag += f" {a.metavar or a.dest.upper()}"
+            help_text = (a.help or "").replace("|", "\\|").replace("%%", "%")
+            if a.choices and "choices" not in help_text and not isinstance(a, argparse._SubParsersAction):
+                help_text += f" (one of: {', '.join(map(str, a.choices))})"
+            lines.append(f"| `{flag}` | {help_text} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Records go to stderr as bare messages; the level is -v (info) or -q (error), else
+    FA4CACHE_LOG_LEVEL, else warning. A bad FA4CACHE_LOG_LEVEL is a ConfigError here (exit 2):
+    on the command line a typo is said, not skipped."""
+    from ..settings import setting
+
+    level = "info" if args.verbose else "error" if args.quiet else None
+    if level is None:
+        try:
+            level = setting("FA4CACHE_LOG_LEVEL") or "warning"
+        except Fa4CacheError as e:
+            print(f"fa4cache: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    logging.basicConfig(level=level.upper(), format="%(message)s", force=True)
+    logging.getLogger("fa4cache").setLevel(level.upper())
+    logging.getLogger("fa4cache").propagate = True
+    for h in list(logging.getLogger("fa4cache").handlers):  # the root handler shows them
+        logging.getLogger("fa4cache").removeHandler(h)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if args.verbose and args.quiet:
+        parser.error("-v/--verbose and -q/--quiet: give one")
+    _configure_logging(args)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -94,11 +95,31 @@ def open_store(args: argparse.Namespace) -> Any:
 
 
 def no_store_line(e: NoStoreYet) -> str:
-    """What ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet (as ``stats``
-    shows zeros): nothing wrong, nothing there."""
+    """What ``stats``, ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet
+    (a mistyped path too): nothing wrong, nothing there (``--json``: zeros, an empty list)."""
     return f"no store at {e.settings.cache_dir} yet: 0 entries"
 
 
 def safe_text(x: Any) -> str:
     """Text from a store file, fit for a terminal (no escape sequences)."""
     return "".join(c if c.isprintable() else "?" for c in str(x))
+
+
+def confirm(args: argparse.Namespace, what: str, why: str = "") -> bool:
+    """Ask on the terminal before removing ``what`` (``--yes``: do not ask). Without a
+    terminal to ask on, refuse (a :class:`ConfigError`, exit 2) naming ``--yes``: a script
+    says so explicitly, as with ``docker system prune -f``. ``why``: what makes this run
+    one to confirm (``most of the store``)."""
+    if getattr(args, "yes", False):
+        return True
+    because = f" ({why})" if why else ""
+    if not sys.stdin.isatty():
+        raise ConfigError(
+            f"refusing to remove {what}{because} without a terminal to confirm; "
+            "pass --yes (or --dry-run to list it)"
+        )
+    try:
+        answer = input(f"Remove {what}{because}? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")

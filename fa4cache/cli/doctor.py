@@ -4,8 +4,12 @@ with this one."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from ..extras import pip_line
 from ..settings import Settings
 from .common import human, settings_of
 
@@ -23,26 +27,42 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Report:
-    """Prints one line per check and counts the failed ones."""
+@dataclass(frozen=True)
+class Check:
+    """One line of ``fa4cache doctor``: ``[status] what  detail``; ``FAIL`` makes the exit 1."""
 
-    def __init__(self) -> None:
-        self.problems = 0
+    status: str  # ok, info, warn, FAIL
+    what: str
+    detail: str
+
+
+@dataclass
+class _Report:
+    """The checks made so far, and what later checks need from earlier ones: the store the
+    workers would use, and whether it is usable."""
+
+    settings: Settings
+    usable: bool = True
+    checks: list[Check] = field(default_factory=list)
 
     def __call__(self, status: str, what: str, detail: str) -> None:
-        self.problems += status == "FAIL"
-        print(f"[{status:^4}] {what:<28} {detail}")
+        self.checks.append(Check(status, what, detail))
+
+    @property
+    def problems(self) -> int:
+        return sum(c.status == "FAIL" for c in self.checks)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    line = _Report()
-    _versions(line)
-    _fa4_couplings(line)
-    _gpu(line)
-    s, usable = _cache_directory(line, settings_of(args))
-    _target_and_toolchains(line, s)
-    _filesystem(line, s, usable)
-    _fa4_own_cache(line)
+    line = _Report(settings_of(args))
+    for check in CHECKS:
+        check(line)
+    if getattr(args, "json", False):
+        rows = [{"status": c.status, "check": c.what, "detail": c.detail} for c in line.checks]
+        print(json.dumps({"ok": not line.problems, "failed": line.problems, "checks": rows}, indent=2))
+    else:
+        for c in line.checks:
+            print(f"[{c.status:^4}] {c.what:<28} {c.detail}")
     return 1 if line.problems else 0
 
 
@@ -55,10 +75,12 @@ def _versions(line: _Report) -> None:
         try:
             line("ok", d, metadata.version(d))
         except metadata.PackageNotFoundError:
-            status = "FAIL" if d in ("flash-attn-4", "nvidia-cutlass-dsl", "torch") else "info"
-            if d.startswith("nvidia-cutlass-dsl-libs-cu"):
-                status = "info"
-            line(status, d, "not installed")
+            needed = d in ("flash-attn-4", "nvidia-cutlass-dsl", "torch")
+            line(
+                "FAIL" if needed else "info",
+                d,
+                f"not installed: {pip_line(d)}" if needed else "not installed",
+            )
 
 
 def _fa4_couplings(line: _Report) -> None:
@@ -91,23 +113,25 @@ def _gpu(line: _Report) -> None:
         line("info", "GPU", f"unknown ({type(e).__name__}: {e})")
 
 
-def _cache_directory(line: _Report, s: Settings) -> tuple[Settings, bool]:
+def _cache_directory(line: _Report) -> None:
     """The store the workers would use (a squatted node-local path: the fallback), and
-    whether it is usable."""
+    whether it is usable (kept in ``line`` for the checks after it)."""
     from fa4cache.settings import cache_dir_error, cache_dir_problem
     from fa4cache.store.root import resolve_root
 
+    s = line.settings
     try:
         root, _ = resolve_root(s, lambda tag, msg: None)
     except OSError as e:  # InsecurePath, or a file in the way: the setting and the fix
         line("FAIL", "cache directory", str(cache_dir_error(s, cache_dir_problem(s.cache_dir) or str(e))))
-        return s, False
+        line.usable = False
+        return
     shown = str(root) if root == s.cache_dir else f"{root} (instead of {s.cache_dir}, not safe to use)"
     line("ok", "cache directory", shown)
-    return s.with_cache_dir(root), True
+    line.settings = s.with_cache_dir(root)
 
 
-def _target_and_toolchains(line: _Report, s: Settings) -> None:
+def _target_and_toolchains(line: _Report) -> None:
     from fa4cache.adapters.patch import expected_patches
     from fa4cache.adapters.route import job_toolchain
     from fa4cache.arch import ARCH_VAR, CROSS_COMPILE_HINT, describe
@@ -115,6 +139,7 @@ def _target_and_toolchains(line: _Report, s: Settings) -> None:
 
     from ..settings import setting
 
+    s = line.settings
     target = describe()
     if target["arch"] is None:
         line(
@@ -165,12 +190,13 @@ def _target_and_toolchains(line: _Report, s: Settings) -> None:
     )
 
 
-def _filesystem(line: _Report, s: Settings, usable: bool) -> None:
+def _filesystem(line: _Report) -> None:
     import shutil
     import stat as _stat
 
     from fa4cache.store.fsinfo import NETWORK_FS, lock_works, mount_for
 
+    s, usable = line.settings, line.usable
     root = s.cache_dir if s.cache_dir.exists() else s.cache_dir.parent
     mnt, fstype = mount_for(root)
     line("warn" if fstype in NETWORK_FS else "ok", "filesystem", f"{fstype} at {mnt}")
@@ -209,3 +235,16 @@ def _fa4_own_cache(line: _Report) -> None:
         )
     else:
         line("ok", "FA4 own cache", "off (fa4cache handles persistence)")
+
+
+# What `fa4cache doctor` checks, in order: each adds its lines to the report (a check may
+# read what an earlier one kept there: the store and whether it is usable).
+CHECKS: tuple[Callable[[_Report], None], ...] = (
+    _versions,
+    _fa4_couplings,
+    _gpu,
+    _cache_directory,
+    _target_and_toolchains,
+    _filesystem,
+    _fa4_own_cache,
+)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from typing import Any
 
 from ..errors import ConfigError
-from ..settings import parse_duration, parse_size
+from ..settings import cache_dir_problem, parse_duration, parse_size
 from .common import (
     NoStoreYet,
     ago,
+    confirm,
     human,
     no_store_line,
     open_store,
@@ -32,16 +32,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from fa4cache.store.stats import collect
 
     if args.zero:
-        s = store_settings(args)  # the store the workers use, checked from / down
-        counters.zero(s.cache_dir / "stats")
-        if args.json:
-            print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
-        else:
-            print(f"counters zeroed for {s.cache_dir}")
-        return 0
+        return _zero(args)
     try:
         s = store_settings(args)
-    except NoStoreYet as e:  # no store yet: zeros
+    except NoStoreYet as e:  # no store yet: zeros for a script, the same line as ls for a person
+        if not args.json:
+            print(no_store_line(e))
+            return 0
         s = e.settings
     counters.check_stats_dir(s.cache_dir / "stats")
     if (s.cache_dir / "stats").is_dir():
@@ -119,6 +116,37 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zero(args: argparse.Namespace) -> int:
+    from fa4cache.store import counters
+
+    try:
+        store_settings(args)  # the store the workers use, checked from / down
+    except NoStoreYet as e:
+        if args.json:
+            print(json.dumps({"cache_dir": str(e.settings.cache_dir), "zeroed": False}))
+        else:
+            print(f"{no_store_line(e)}: no counters to zero")
+        return 0
+    # A store this user cannot write is refused up front with the setting and the fix, as
+    # prune and clear do (not a raw Errno 13).
+    s = writable_store_settings(args)
+    stats_dir = s.cache_dir / "stats"
+    problem = cache_dir_problem(stats_dir) if stats_dir.exists() else None
+    if problem is not None:
+        raise ConfigError(f"cannot zero the counters: {stats_dir} {problem}")
+    try:
+        counters.zero(stats_dir)
+    except PermissionError as e:
+        raise ConfigError(
+            f"cannot zero the counters: {stats_dir} is not writable by you ({e.strerror})"
+        ) from None
+    if args.json:
+        print(json.dumps({"cache_dir": str(s.cache_dir), "zeroed": True}))
+    else:
+        print(f"counters zeroed for {s.cache_dir}")
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     try:
         store = open_store(args)
@@ -157,6 +185,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for r in rows:
         r["summary"] = display_summary(r["summary"])
         r["spec"] = relevant_fields(r["spec"])
+        # The mask as the table shows it, in JSON too (the sidecar's summary may hold none).
+        label = mask_label(r["spec"], r["summary"])
+        r["summary"]["mask"] = None if label == "-" else label
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -209,6 +240,9 @@ def mask_label(spec: Any, summary: dict[str, Any]) -> str:
     entries compiled by training calls carry no spec: their mask's hash prefix."""
     if not isinstance(spec, dict):
         return str(summary.get("mask") or "-")
+    gen = spec.get("generation")
+    if isinstance(gen, dict):  # a kernel of `warm --generation`'s decode calls
+        return "generation" + (f"({gen['window']})" if isinstance(gen.get("window"), int) else "")
     mask = str(spec.get("mask", "-"))
     if "window" in spec:
         mask += f"({spec['window']})"
@@ -279,26 +313,40 @@ def _print_rebuild(r: dict[str, Any]) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from fa4cache.store.maintenance import DAY, prune
+    from fa4cache.store.maintenance import DAY, apply_prune, dry_run_report, plan_prune
 
-    max_size = parse_size(args.max_size, setting="--max-size") if args.max_size else None
+    # Units are required: `--older-than 30` read as seconds, or `--max-size 2` as bytes,
+    # empties a store.
+    max_size = parse_size(args.max_size, setting="--max-size", unit_required=True) if args.max_size else None
     older = parse_duration(args.older_than, setting="--older-than") if args.older_than else None
     if args.fingerprint not in (None, "stale"):
         raise ConfigError(f"--fingerprint: only 'stale' is supported, got {args.fingerprint!r}")
     stale_after = None
     if args.fingerprint == "stale":
         stale_after = parse_duration(args.stale_after, setting="--stale-after") if args.stale_after else DAY
+    elif args.stale_after:
+        raise ConfigError("--stale-after: only with --fingerprint stale")
     if max_size is None and older is None and stale_after is None:
         raise ConfigError("give --max-size, --older-than and/or --fingerprint stale")
     try:
         store = _open_for_removal(args)
     except NoStoreYet as e:
-        print(f"{no_store_line(e)}: nothing to remove")
-        return 0
-    rep = prune(store, max_size=max_size, older_than=older, stale_after=stale_after, dry_run=args.dry_run)
-    store.flush_counters()
+        return _nothing_to_remove(args, e)
+    plan = plan_prune(store, max_size=max_size, older_than=older, stale_after=stale_after)
     if args.dry_run:
-        return _report_dry_run(rep, store)
+        return _report_dry_run(dry_run_report(store, plan), store, args)
+    if plan.removes_most():
+        what = (
+            f"{plural(len(plan.entries), 'entry')} ({human(plan.bytes)}) of the "
+            f"{plural(plan.total_entries, 'entry')} ({human(plan.total_bytes)}) in {store.root}"
+        )
+        if not confirm(args, what, "most of the store"):
+            print("nothing removed")
+            return 1
+    rep = apply_prune(store, plan)
+    store.flush_counters()
+    if args.json:
+        return _report_json(rep, store, dry_run=False)
     remaining = list(store.entries())
     print(
         f"removed {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
@@ -308,6 +356,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(
             f"removed {plural(len(rep.removed_toolchains), 'empty toolchain directory', 'empty toolchain directories')}"
         )
+    if rep.temp_files:
+        print(f"removed {plural(rep.temp_files, 'temp file')} of killed writers")
     return _report_unremoved(rep)
 
 
@@ -322,13 +372,46 @@ def _open_for_removal(args: argparse.Namespace) -> Any:
     return Store(writable_store_settings(args).with_cache_dir(s.cache_dir))
 
 
-def _report_dry_run(rep: Any, store: Any) -> int:
+def _nothing_to_remove(args: argparse.Namespace, e: NoStoreYet) -> int:
+    if args.json:
+        print(json.dumps({"cache_dir": str(e.settings.cache_dir), "dry_run": args.dry_run, "removed": []}))
+    else:
+        print(f"{no_store_line(e)}: nothing to remove")
+    return 0
+
+
+def _report_json(rep: Any, store: Any, *, dry_run: bool) -> int:
+    """``--json``: what was (``dry_run``: would be) removed and what remains, for a script."""
+    gone = {e.ref for e in rep.removed}
+    remaining = [e for e in store.entries() if e.ref not in gone]
+    ref = lambda r: {"kind": r.kind, "digest": r.digest, "toolchain": r.toolchain}  # noqa: E731
+    out = {
+        "cache_dir": str(store.root),
+        "dry_run": dry_run,
+        "removed": [{**ref(e.ref), "size": e.size} for e in rep.removed],
+        "removed_bytes": rep.freed_bytes,
+        "removed_toolchains": list(rep.removed_toolchains),
+        "temp_files": rep.temp_files,
+        "remaining": len(remaining),
+        "remaining_bytes": sum(e.size for e in remaining),
+        "skipped": [ref(r) for r in rep.skipped],
+        "failed": [{**ref(r), "why": why} for r, why in rep.failed],
+    }
+    print(json.dumps(out, indent=2))
+    return 0 if dry_run else (1 if rep.skipped or rep.failed else 0)
+
+
+def _report_dry_run(rep: Any, store: Any, args: argparse.Namespace) -> int:
+    if args.json:
+        return _report_json(rep, store, dry_run=True)
     for e in rep.removed:
         print(
             f"would remove {e.ref.kind:<16} {e.ref.digest[:16]}  {human(e.size):>10}  toolchain {e.ref.toolchain}"
         )
     for tc in rep.removed_toolchains:
         print(f"would remove empty toolchain directory {tc}")
+    if rep.temp_files:
+        print(f"would remove {plural(rep.temp_files, 'temp file')} of killed writers")
     remaining = [e for e in store.entries() if e.ref not in {r.ref for r in rep.removed}]
     print(
         f"dry run: would remove {plural(len(rep.removed), 'entry')} ({human(rep.freed_bytes)}); "
@@ -354,22 +437,17 @@ def cmd_clear(args: argparse.Namespace) -> int:
     try:
         store = _open_for_removal(args)
     except NoStoreYet as e:
-        print(f"{no_store_line(e)}: nothing to remove")
-        return 0
+        return _nothing_to_remove(args, e)
     if args.dry_run:
-        return _report_dry_run(clear(store, everything=args.all, dry_run=True), store)
+        return _report_dry_run(clear(store, everything=args.all, dry_run=True), store, args)
     what = f"every entry{' and all counters' if args.all else ''} in {store.root}"
     if store.root != asked:  # a squatted node-local path: the store the workers use instead
         what += f" (the store used instead of {asked}, which is not safe to use)"
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ConfigError(
-                f"refusing to remove {what} without a terminal to confirm; pass --yes (or --dry-run)"
-            )
-        answer = input(f"Remove {what}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
+    if not confirm(args, what):
+        print("nothing removed")
+        return 1
+    if args.json:
+        return _report_json(clear(store, everything=args.all), store, dry_run=False)
     print(f"removing {what}")
     rep = clear(store, everything=args.all)
     print(f"removed {plural(len(rep.removed), 'entry')} from {store.root}")

@@ -232,32 +232,59 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"-j/--jobs: expected a positive number of workers, got {args.jobs}")
     cache_dir = _usable_store(args)
+    from fa4cache.store import counters
+
+    # Its lookups (and its workers', forked from here) are warm's own, not a job's hits.
+    counters.mark_warm_process()
     # warm compiles for --arch and runs no kernel: with the GPU hidden from this process
     # (before torch is imported), its -j workers fork from it once FA4 is imported, and the
     # import (seconds; 10 s and more on a busy GPU host) is paid once instead of once per worker.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     specs, jit_calls, rep = _specs(args)
+    if not getattr(args, "json", False):
+        return _warm(args, specs, jit_calls, rep, cache_dir, {})
+    # --json: the tables and lines go to stderr, one JSON summary to stdout.
+    import contextlib
+
+    summary: dict[str, Any] = {"cache_dir": cache_dir, "specs": [], "jit": [], "generation": None}
+    with contextlib.redirect_stdout(sys.stderr):
+        code = _warm(args, specs, jit_calls, rep, cache_dir, summary)
+    summary["failed"] = code != 0
+    print(json.dumps(summary, indent=2))
+    return code
+
+
+def _warm(
+    args: argparse.Namespace,
+    specs: list[Any],
+    jit_calls: list[Any],
+    rep: Any,
+    cache_dir: str,
+    out: dict[str, Any],
+) -> int:
+    """warm's work; ``out`` collects the summary ``--json`` prints."""
     from .warm_jit import run
 
-    jit_failed = run(jit_calls, cache_dir) if jit_calls else 0
+    jit_failed = run(jit_calls, cache_dir, out) if jit_calls else 0
     generation = rep.generation if rep is not None else []
     if not (specs or jit_calls or generation):
         print("nothing to warm")
-    failed = _warm_specs(args, specs, cache_dir) if specs else 0
+    failed = _warm_specs(args, specs, cache_dir, out) if specs else 0
     if generation:  # --replay of warm --generation's calls
         if not specs:
             from fa4cache.adapters.compile import set_cross_compile_env
 
             set_cross_compile_env(generation[0]["arch"])
-        failed += _report_generation(generation, cache_dir)
+        failed += _report_generation(generation, cache_dir, out, quiet=args.quiet)
     elif getattr(args, "generation", False) and args.hf_config and specs:
-        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir)
-    for note in _replay_notes(rep):
+        failed += _warm_generation(args, sorted({s.dtype for s in specs}), cache_dir, out)
+    out["notes"] = _replay_notes(rep)
+    for note in out["notes"]:
         print(note)
     return 1 if failed or jit_failed else 0
 
 
-def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> int:
+def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str, out: dict[str, Any]) -> int:
     """Compile the FA4 ``specs`` (one target arch), print the table; how many failed."""
     archs = sorted({_norm_arch(s.arch) for s in specs})
     if len(archs) > 1:
@@ -280,6 +307,16 @@ def _warm_specs(args: argparse.Namespace, specs: list[Any], cache_dir: str) -> i
     print("\n".join(lines))
     total = sum(r["compiles"] for _, r in results)
     compile_s = sum(r["compile_seconds"] for _, r in results)
+    out["target"] = {"arch": target["arch"], "num_sms": target["num_sms"]}
+    out["specs"] = [
+        {
+            "spec": s.to_dict(),
+            "label": s.label(),
+            **{k: r[k] for k in ("compiles", "present", "compile_seconds", "seconds", "error")},
+        }
+        for s, r in results
+    ]
+    out["seconds"] = round(time.perf_counter() - t0, 3)
     print(
         f"{plural(len(results), 'spec')}, {plural(total, 'kernel')} compiled ({compile_s:.1f} s compiling), "
         f"{failed} failed, {time.perf_counter() - t0:.1f} s in all"
@@ -313,9 +350,10 @@ class Progress:
     does not look hung. Kernels are seen as they land in the store (a thread lists its
     entries each second), which works the same for -j workers and for -j 1."""
 
-    def __init__(self, cache_dir: str, n_specs: int, *, quiet: bool) -> None:
+    def __init__(self, cache_dir: str, n_specs: int, *, quiet: bool, what: str = "spec") -> None:
         from fa4cache.store.paths import Layout
 
+        self.what = what
         self.layout = Layout(Path(cache_dir))
         self.n_specs = n_specs
         self.quiet = quiet
@@ -331,7 +369,7 @@ class Progress:
         if not self.quiet:
             self._before = self._entries()
             sys.stderr.write(
-                f"warming {plural(self.n_specs, 'spec')}: one line per kernel stored\n"
+                f"warming {plural(self.n_specs, self.what)}: one line per kernel stored\n"
                 if not self.tty
                 else ""
             )
@@ -378,7 +416,7 @@ class Progress:
         if self.tty and not self.quiet:
             done = int(30 * self.specs_done / self.n_specs)
             sys.stderr.write(
-                f"\r[{'#' * done}{'.' * (30 - done)}] {self.specs_done}/{self.n_specs} specs, "
+                f"\r[{'#' * done}{'.' * (30 - done)}] {self.specs_done}/{self.n_specs} {self.what}s, "
                 f"{plural(len(self.kernels), 'kernel')} compiled, {self._elapsed()}  "
             )
         sys.stderr.flush()
@@ -397,19 +435,35 @@ class Progress:
                 sys.stderr.write("\n")
 
 
-def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str) -> int:
+def _warm_generation(args: argparse.Namespace, dtypes: list[str], cache_dir: str, out: dict[str, Any]) -> int:
     from fa4cache.adapters.compile import generation_items
     from fa4cache.aot.model_config import load_config
 
     return _report_generation(
-        generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH), cache_dir
+        generation_items(load_config(args.hf_config), dtypes, args.arch or DEFAULT_ARCH),
+        cache_dir,
+        out,
+        quiet=args.quiet,
     )
 
 
-def _report_generation(items: list[dict[str, Any]], cache_dir: str) -> int:
+def _report_generation(
+    items: list[dict[str, Any]], cache_dir: str, out: dict[str, Any], *, quiet: bool = False
+) -> int:
     from fa4cache.adapters.compile import warm_generation_items
 
-    g = warm_generation_items(items, cache_dir=cache_dir)
+    # One line per kernel stored, as for the specs (the calls run in this process).
+    with Progress(cache_dir, len(items), quiet=quiet, what="generation call") as progress:
+        progress.start()
+        g = warm_generation_items(items, cache_dir=cache_dir)
+        progress.specs_done = len(items)
+    out["generation"] = {
+        "kernels": g.kernels,
+        "compiles": g.compiles,
+        "present": g.present,
+        "errors": list(g.errors),
+        "seconds": round(g.seconds, 3),
+    }
     for e in g.errors:
         print(f"generation FAILED: {e[:160]}")
     print(

@@ -48,8 +48,9 @@ def calls_from_args(args: argparse.Namespace) -> list[JitCall]:
     return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch or "sm_90")
 
 
-def run(calls: list[JitCall], cache_dir: str) -> int:
-    """Warm ``calls`` in this process, print their table; returns how many failed."""
+def run(calls: list[JitCall], cache_dir: str, out: dict[str, Any] | None = None) -> int:
+    """Warm ``calls`` in this process, print their table; returns how many failed. ``out``:
+    gets their rows under ``jit`` (``warm --json``)."""
     import warnings
 
     from fa4cache.adapters.compile import warm_jit
@@ -64,4 +65,15 @@ def run(calls: list[JitCall], cache_dir: str) -> int:
         failed += r.error is not None
         print(f"{r.call.label()[:43]:<44}{r.compiles:>9}{r.present:>9}{r.seconds:>9.1f}  {status}")
     print(f"{len(results)} jit kernels, {sum(r.compiles for r in results)} compiled, {failed} failed")
+    if out is not None:
+        out["jit"] = [
+            {
+                "call": r.call.label(),
+                "compiles": r.compiles,
+                "present": r.present,
+                "seconds": r.seconds,
+                "error": r.error,
+            }
+            for r in results
+        ]
     return failed

@@ -9,13 +9,19 @@
 
 from __future__ import annotations
 
-from fa4cache.masks.builder import DocumentMaskBuilder
-from fa4cache.masks.builtins import draft_block_mask, interval_mask, interval_masking_enabled
-from fa4cache.masks.document import make_document_mask
-from fa4cache.masks.draft import make_draft_block_mask
-from fa4cache.masks.mask import AttentionMask
+from fa4cache.extras import require
 
-from .template import ROW_INTERVALS_ATTR, MaskTemplate, mask_template
+# Masks are torch tensors and CuTe mask_mods: without the [fa4] extra, the error names it
+# (`pip install 'fa4cache[fa4]'`), not the first missing module.
+require("fa4cache's masks (make_document_mask and friends)", "torch", "cutlass")
+
+from fa4cache.masks.builder import DocumentMaskBuilder  # noqa: E402
+from fa4cache.masks.builtins import draft_block_mask, interval_mask, interval_masking_enabled  # noqa: E402
+from fa4cache.masks.document import make_document_mask  # noqa: E402
+from fa4cache.masks.draft import make_draft_block_mask  # noqa: E402
+from fa4cache.masks.mask import AttentionMask  # noqa: E402
+
+from .template import ROW_INTERVALS_ATTR, MaskTemplate, mask_template  # noqa: E402
 
 __all__ = [
     "ROW_INTERVALS_ATTR",

@@ -159,6 +159,10 @@ class AttentionMask(Mapping[str, Any]):
             )
         if q.dim() != 4:
             raise ValueError(f"q: expected [batch, seqlen, heads, head_dim], got shape {tuple(q.shape)}")
+        from .tiles import check_head_dim
+
+        if isinstance(q.shape[3], int):  # a symbolic size (torch.compile) is checked where it is known
+            check_head_dim(q.shape[3], name="q: head_dim (q.shape[3])")
         if q.shape[0] != self.batch or q.shape[1] != self.seqlen:
             raise ValueError(
                 f"q: shape {tuple(q.shape)} does not match the mask's batch={self.batch}, "
@@ -181,6 +185,11 @@ def as_int_tensor(x: Any, name: str, device: Any = None) -> Any:
             raise ValueError(f"{name}: expected an integer tensor or sequence, got {type(x).__name__}") from e
     if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected an integer dtype, got {x.dtype}")
+    if x.device.type == "meta":
+        raise ValueError(
+            f"{name}: a tensor on the meta device holds no values to build a mask from; "
+            "give it on the CPU or on q's GPU (to trace without data, use FakeTensorMode)"
+        )
     return x
 
 

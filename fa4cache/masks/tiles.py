@@ -72,6 +72,15 @@ def default_tiles(arch: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return rule.fwd, rule.bwd
 
 
+def check_head_dim(head_dim: Any, *, name: str = "head_dim") -> int:
+    """``head_dim`` if FA4 runs it, else ``ValueError`` naming ``name`` and the range."""
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {head_dim!r}")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"{name}: FA4 supports head dims 1 to {MAX_HEAD_DIM}, got {head_dim}")
+    return head_dim
+
+
 def head_dim_tiles(arch: int, head_dim: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """The (forward, backward) tiles FA4 needs for ``head_dim`` (of q and k) where the
     arch's defaults do not fit it; ``None`` where they do.
@@ -81,10 +90,7 @@ def head_dim_tiles(arch: int, head_dim: int) -> tuple[tuple[int, int], tuple[int
     side must equal it; the forward shrinks its own key tile (112 or 128, 80 at 256) to a
     narrower sparse one.
     """
-    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
-        raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim: FA4 supports head dims 1 to {MAX_HEAD_DIM}, got {head_dim}")
+    check_head_dim(head_dim)
     if arch // 10 != 9 or head_dim <= 128:
         return None
     key = 96 if head_dim <= 192 else 64

@@ -53,7 +53,9 @@ def _rows_inside(n: int, cu_seqlens: Any, seqused: Any) -> Any:
     import torch
 
     rows = torch.arange(n, device=cu_seqlens.device)
-    cu = cu_seqlens.to(torch.int64)
+    # Contiguous: cu_seqlens may be a strided view (a slice of a larger tensor), which
+    # searchsorted would copy on every call, with a warning.
+    cu = cu_seqlens.to(torch.int64).contiguous()
     seq = (torch.searchsorted(cu, rows, right=True) - 1).clamp(0, cu.numel() - 2)
     start = cu[seq]
     length = (cu[1:] - cu[:-1] if seqused is None else seqused.to(torch.int64))[seq]

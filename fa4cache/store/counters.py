@@ -61,6 +61,8 @@ FIELDS = (
     "fail_open",  # calls where something inside fa4cache failed and FA4 ran as without it (adapters/fa4/fail_open.py)
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
+# A job's lookups: what `stats` reports as hits, misses, hit rate and lock waits.
+LOOKUP_FIELDS = ("memory_hits", "disk_hits", "misses", "lock_waits", "lock_wait_seconds")
 ARCHIVE = "archive.json"
 ZERO = "zero.json"
 _MAX_STATS_FILE = 1 << 20
@@ -113,15 +115,29 @@ class Counters:
             self.add("memory_hits", n, kind=kind)
 
     def snapshot(self) -> dict[str, Any]:
+        """What :meth:`flush` persists. In a ``fa4cache warm`` process (:func:`mark_warm_process`)
+        the lookups are warm's own (a kernel looked up again after its compile, a worker
+        waiting for another worker's kernel, the check that a kernel is present): they are
+        kept in memory (warm's table reports them) and persisted as zeros, so that
+        ``stats``' hits, misses and lock waits are the jobs'. Compiles count as ever."""
         with self._lock:
-            return {
-                "host": self.host,
-                "pid": self.pid,
-                "started": self.started,
-                "updated": time.time(),
-                "counters": dict(self.values),
-                "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
-            }
+            values = dict(self.values)
+            by_kind = {k: dict(v) for k, v in self.by_kind.items()}
+        if _NOT_A_JOB:
+            for f in LOOKUP_FIELDS:
+                values[f] = 0.0
+            for v in by_kind.values():
+                for f in LOOKUP_FIELDS:
+                    if f in v:
+                        v[f] = 0
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "started": self.started,
+            "updated": time.time(),
+            "counters": values,
+            "by_kind": by_kind,
+        }
 
     def flush(self, *, throttle: float = 0.0) -> None:
         """Persist the counters; with ``throttle``, skip if flushed less than that many seconds ago."""
@@ -149,6 +165,21 @@ class Counters:
         # Full disk or read-only store: counting is best effort, the kernel call is not.
         self._failed = True
         log.warning("fa4cache: cannot persist counters to %s (%s); counting in memory only", path, e)
+
+
+_NOT_A_JOB = False
+
+
+def mark_warm_process() -> None:
+    """This process, and the workers forked from it, run ``fa4cache warm``: their lookups
+    are not persisted as a job's hits, misses and lock waits (:meth:`Counters.snapshot`),
+    and their misses are no news (:func:`fa4cache.store.nearmiss.report`)."""
+    global _NOT_A_JOB
+    _NOT_A_JOB = True
+
+
+def is_warm_process() -> bool:
+    return _NOT_A_JOB
 
 
 # Called before each flush so that lock-free counters elsewhere can be folded in.

@@ -29,6 +29,7 @@ class Report:
     skipped: list[EntryRef] = field(default_factory=list)  # key held by another process
     failed: list[tuple[EntryRef, str]] = field(default_factory=list)  # could not delete
     removed_toolchains: list[str] = field(default_factory=list)  # empty toolchain directories
+    temp_files: int = 0  # dead writers' temp files
 
     @property
     def freed_bytes(self) -> int:
@@ -90,6 +91,105 @@ def stale_toolchains(store: Store, *, unused_for: float = DAY, now: float | None
     return out
 
 
+@dataclass(frozen=True)
+class PrunePlan:
+    """What a prune removes, chosen once from the store's files: ``fa4cache prune --dry-run``
+    prints it, the confirmation counts it and the real run removes it (one selection)."""
+
+    entries: tuple[EntryInfo, ...]  # to remove, in this order
+    stale_toolchains: tuple[str, ...]  # their directories go once no entry is left in them
+    total_entries: int  # what the store held when the plan was made
+    total_bytes: int
+    # ``max_size`` only: the next least recently used entries, which :func:`apply_prune`
+    # removes in place of held ones when asked to (the cap on publish); never shown.
+    spare: tuple[EntryInfo, ...] = ()
+    max_size: int | None = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def removes_most(self) -> bool:
+        """More than half of the store's entries or of its bytes: a run to confirm."""
+        return 2 * len(self.entries) > self.total_entries or 2 * self.bytes > self.total_bytes
+
+
+def plan_prune(
+    store: Store,
+    *,
+    max_size: int | None = None,
+    older_than: float | None = None,
+    stale_after: float | None = None,
+    now: float | None = None,
+) -> PrunePlan:
+    """Entries of stale toolchains (``stale_after``: unused for that long), entries unused for
+    ``older_than`` seconds, then least recently used ones (other toolchains first) until the
+    store fits ``max_size`` bytes."""
+    entries = list(store.layout.iter_entries())
+    now = time.time() if now is None else now
+    stale = (
+        sorted(stale_toolchains(store, unused_for=stale_after, now=now)) if stale_after is not None else []
+    )
+    uses = {e.ref: last_used(store, e) for e in entries}
+    chosen, kept = [], []
+    for e in entries:
+        if e.ref.toolchain in stale or (older_than is not None and now - uses[e.ref] > older_than):
+            chosen.append(e)
+        else:
+            kept.append(e)
+    spare: list[EntryInfo] = []
+    if max_size is not None:
+        total = sum(e.size for e in kept)
+        recent = store.layout.most_recent_toolchain()
+        for e in sorted(kept, key=lambda e: (e.ref.toolchain == recent, uses[e.ref])):
+            if total <= max_size:
+                spare.append(e)
+            else:
+                chosen.append(e)
+                total -= e.size
+    return PrunePlan(
+        tuple(chosen),
+        tuple(stale),
+        len(entries),
+        sum(e.size for e in entries),
+        spare=tuple(spare),
+        max_size=max_size,
+    )
+
+
+def apply_prune(store: Store, plan: PrunePlan, *, replace_held: bool = False) -> Report:
+    """Remove what ``plan`` names (each under its key lock; a held key is skipped and
+    reported), then the stale toolchains' directories once empty and dead writers' temp
+    files. ``replace_held``: with a ``max_size`` plan, an entry that could not be removed
+    is made up for by the next least recently used one, so that the store still fits."""
+    report = Report()
+    for e in plan.entries:
+        _remove(store, e, report)
+    if replace_held and plan.max_size is not None:
+        over = sum(e.size for e in plan.entries) - report.freed_bytes
+        for e in plan.spare:
+            if over <= 0:
+                break
+            n = len(report.removed)
+            _remove(store, e, report)
+            if len(report.removed) > n:
+                over -= e.size
+    store.counters.add("evictions", len(report.removed))
+    report.temp_files = clean_temp_files(store)
+    for tc in plan.stale_toolchains:
+        if _remove_empty_toolchain(store, tc):
+            report.removed_toolchains.append(tc)
+    return report
+
+
+def dry_run_report(store: Store, plan: PrunePlan) -> Report:
+    """What :func:`apply_prune` would report if no key were held: nothing removed."""
+    report = Report(removed=list(plan.entries))
+    report.removed_toolchains = [tc for tc in plan.stale_toolchains if _empty_after(store, tc, report)]
+    report.temp_files = clean_temp_files(store, dry_run=True)
+    return report
+
+
 def prune(
     store: Store,
     *,
@@ -98,42 +198,12 @@ def prune(
     stale_after: float | None = None,
     dry_run: bool = False,
 ) -> Report:
-    """Evict entries of stale toolchains (``stale_after``: unused for that long) and their
-    directories once empty, entries unused for ``older_than`` seconds, then least recently
-    used ones until the store fits ``max_size`` bytes. ``dry_run``: report what would go."""
-    report = Report()
-    entries = list(store.layout.iter_entries())
-    now = time.time()
-    stale = (
-        set(stale_toolchains(store, unused_for=stale_after, now=now)) if stale_after is not None else set()
-    )
-    uses = {e.ref: last_used(store, e) for e in entries}
-    kept = []
-    for e in entries:
-        if e.ref.toolchain in stale or (older_than is not None and now - uses[e.ref] > older_than):
-            _remove(store, e, report, dry_run)
-        else:
-            kept.append(e)
-    if max_size is not None:
-        total = sum(e.size for e in kept)
-        recent = store.layout.most_recent_toolchain()
-        # Other toolchains go first, then the least recently used.
-        for e in sorted(kept, key=lambda e: (e.ref.toolchain == recent, uses[e.ref])):
-            if total <= max_size:
-                break
-            n = len(report.removed)
-            _remove(store, e, report, dry_run)
-            if len(report.removed) > n:
-                total -= e.size
+    """:func:`plan_prune`, then :func:`apply_prune` (a held entry is made up for by the next
+    least recently used one); ``dry_run``: report what would go."""
+    plan = plan_prune(store, max_size=max_size, older_than=older_than, stale_after=stale_after)
     if dry_run:
-        report.removed_toolchains = [tc for tc in sorted(stale) if _empty_after(store, tc, report)]
-        return report
-    store.counters.add("evictions", len(report.removed))
-    for tc in sorted(stale):
-        if _remove_empty_toolchain(store, tc):
-            report.removed_toolchains.append(tc)
-    clean_temp_files(store)
-    return report
+        return dry_run_report(store, plan)
+    return apply_prune(store, plan, replace_held=True)
 
 
 def _empty_after(store: Store, tc: str, report: Report) -> bool:
@@ -160,14 +230,14 @@ def _remove_empty_toolchain(store: Store, tc: str) -> bool:
     return True
 
 
-def clean_temp_files(store: Store) -> int:
+def clean_temp_files(store: Store, *, dry_run: bool = False) -> int:
     """Remove dead writers' temp files (this host's by pid, any host's by age) in every
-    entry directory; returns how many."""
+    entry directory; returns how many (``dry_run``: only count them)."""
     lay = store.layout
     n = 0
     for tc in lay.toolchains():
         for d in (lay.toolchain_dir(tc), *(lay.toolchain_dir(tc) / k for k in lay.kinds(tc))):
-            n += clean_stale_tmp(d)
+            n += clean_stale_tmp(d, dry_run=dry_run)
     return n
 
 

@@ -164,11 +164,14 @@ def _hint(fields: list[tuple[str, Any, Any]], names: Sequence[str] | None) -> st
 def report(
     store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None, *, quiet: bool = False
 ) -> str | None:
-    """Log :func:`explain` for a miss (see the module docstring) and return it; ``quiet``: at
-    INFO level whatever it is (``warm`` misses on purpose). Never raises: it runs on the
+    """Log :func:`explain` for a miss (see the module docstring) and return it; ``quiet``, or
+    in a ``fa4cache warm`` process: at INFO level whatever it is (``warm`` misses on purpose). Never raises: it runs on the
     compile path."""
+    from . import counters
+
     first = ref.kind not in _seen_kinds and not store.counters.by_kind.get(ref.kind, {}).get("disk_hits")
-    first = first and not quiet
+    # warm's misses (its generation calls' too) are its job, not news: never a warning there.
+    first = first and not quiet and not counters.is_warm_process()
     _seen_kinds.add(ref.kind)
     try:
         why = explain(store, ref, encoded, names)

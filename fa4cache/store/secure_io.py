@@ -357,8 +357,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_tmp(directory: Path, *, max_age: float = 3600.0) -> int:
-    """Remove temp files left by dead writers in ``directory``; returns how many.
+def clean_stale_tmp(directory: Path, *, max_age: float = 3600.0, dry_run: bool = False) -> int:
+    """Remove temp files left by dead writers in ``directory``; returns how many
+    (``dry_run``: only count them).
 
     A temp file is stale when its writer (host and pid from its name) is this host
     and no longer alive, or when it is older than ``max_age`` (writers elsewhere).
@@ -383,6 +384,7 @@ def clean_stale_tmp(directory: Path, *, max_age: float = 3600.0) -> int:
             else:
                 stale = age > max_age
             if stale:
-                unlink_quiet(Path(entry.path))
+                if not dry_run:
+                    unlink_quiet(Path(entry.path))
                 removed += 1
     return removed

@@ -84,7 +84,7 @@ def test_prune_keeps_recent_entries_and_respects_the_cap_while_loading(doc_store
     # A second process loads kernels while prune runs.
     loader = start_worker(doc_store_copy, "geometries", "--geometries", "4", "--seed", "5")
     cap = objs["fwd"].stat().st_size + 1000
-    p = run_cli(doc_store_copy, "prune", "--max-size", str(cap))
+    p = run_cli(doc_store_copy, "prune", "--max-size", f"{cap}B", "--yes")
     assert p.returncode == 0, p.stderr
     out, err = loader.communicate(timeout=600)
     assert loader.returncode == 0, err[-2000:]
@@ -102,7 +102,7 @@ def test_prune_keeps_recent_entries_and_respects_the_cap_while_loading(doc_store
 
     before = last_used()
     newest = max(before, key=before.get)
-    again = run_cli(doc_store_copy, "prune", "--max-size", str(cap))
+    again = run_cli(doc_store_copy, "prune", "--max-size", f"{cap}B", "--yes")
     assert again.returncode == 0
     total = sum(p.stat().st_size for p in (doc_store_copy / LAYOUT).glob("*/*/*.o"))
     assert 0 < total <= cap
@@ -135,7 +135,7 @@ def test_warm_manifest_then_fresh_process_compiles_nothing_and_replay(tmp_path: 
     st = _json(run_cli(d, "stats", "--json"))
     current = [tc for tc, v in st["by_toolchain"].items() if v["current"]]
     assert current and current[0] != "0123456789abcdef0123"  # the most recently used one
-    pr = run_cli(d, "prune", "--fingerprint", "stale")
+    pr = run_cli(d, "prune", "--fingerprint", "stale", "--yes")  # half the store
     assert pr.returncode == 0 and "removed 1 entry" in pr.stdout
 
 

@@ -283,7 +283,7 @@ def test_version_and_cache_dir_after_the_subcommand(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("command", "says"),
     [
-        (["stats"], "Entries"),
+        (["stats"], "0 entries"),
         (["ls"], "0 entries"),
         (["verify"], "0 entries"),
         (["prune", "--older-than", "1d"], "nothing to remove"),

@@ -361,7 +361,7 @@ def test_hostile_lock_files_do_not_stop_prune_or_clear(people: Any, hostile: str
     else:
         lock.write_text("")
         os.chown(lock, attacker.uid, attacker.gid)
-    for args in (("prune", "--max-size", "0"), ("clear", "--yes")):
+    for args in (("prune", "--max-size", "0B", "--yes"), ("clear", "--yes")):
         p = victim.cli(mine, *args)
         assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
         assert "could not remove" in p.stdout and "lock file" in p.stdout
@@ -466,7 +466,7 @@ def test_an_infinite_last_use_does_not_make_an_entry_unprunable(people: Any) -> 
     (obj,) = _objects(mine)
     obj.with_suffix(".use").write_text('{"last_used": Infinity, "hits": 3}')
     os.utime(obj, (time.time() - 40 * 86400,) * 2)
-    p = victim.cli(mine, "prune", "--older-than", "30d")
+    p = victim.cli(mine, "prune", "--older-than", "30d", "--yes")
     assert p.returncode == 0 and "removed 1 entry" in p.stdout, p.stdout + p.stderr
 
 
