@@ -280,7 +280,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 print(f"  not repaired: {safe_text(f)}")
     if rebuilt is not None and not args.json:
         _print_rebuild(rebuilt)
-    rebuilt_clean = rebuilt is None or not rebuilt["different"]
+    # "Verified" means rebuilt: a full check (--rebuild without N) fails on entries it could
+    # not rebuild as on entries that differ; a sample (--rebuild N) judges what it rebuilt.
+    full = args.rebuild == 0
+    rebuilt_clean = rebuilt is None or not (rebuilt["different"] or (full and rebuilt["not_rebuilt"]))
     if args.repair:
         return 1 if rep.repair_failed or not rebuilt_clean else 0
     return 0 if rep.clean and rebuilt_clean else 1

@@ -214,3 +214,20 @@ def test_doctor_reports(tmp_path: Path) -> None:
     assert "flash-attn-4" in p.stdout and "filesystem" in p.stdout
     assert shutil.which("true")  # doctor exit code reflects problems; here none are fatal
     assert p.returncode == 0, p.stdout
+
+
+def test_a_full_rebuild_check_fails_on_entries_it_could_not_rebuild(tmp_path: Path) -> None:
+    # "Verified" means rebuilt: a job's entry records no spec, so a full `verify --rebuild`
+    # cannot compile it again and must not pass it; a sample (`--rebuild N`) judges only what
+    # it rebuilt.
+    from fa4cache.store.store import Store
+    from tests.helpers.fake_compiler import FakeFA4
+
+    root = tmp_path / "c"
+    fa = FakeFA4(Store(cache_dir=root), "fwd")
+    assert fa.call(1, 1) == 2
+    full = run_cli(root, "verify", "--rebuild", "--json")
+    out = json.loads(full.stdout)
+    assert full.returncode == 1 and len(out["rebuild"]["not_rebuilt"]) == 1, (full.stdout, full.stderr)
+    sample = run_cli(root, "verify", "--rebuild", "1", "--json")
+    assert sample.returncode == 0, (sample.stdout, sample.stderr)
