@@ -24,6 +24,7 @@
 #                (.gpu/b/use-fa4.sh), the mask GPU tests (RELEASE_TESTS_K: pytest -k), the transformers GPU
 #                tests, and a second process that loads the first one's kernels; b40 runs with
 #                FA4CACHE_TRY_COUPLINGS=$RELEASE_TRY (default interval_masking) to verify those couplings
+#   PART=autotune  FA4 4.0.0b40's autotuner under fa4cache: two processes, one store (bench_autotune.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
 set -uo pipefail
@@ -96,6 +97,14 @@ if [[ $parts == *" releases "* ]]; then
     python3 -m fa4cache doctor 2>&1 | grep -E "release|compile_cache|interval" | tee -a "$out/run.log"
   done
   unset FA4CACHE_TRY_COUPLINGS FA4CACHE_DIR
+fi
+if [[ $parts == *" autotune "* ]]; then
+  export FA4CACHE_DIR=/tmp/fa4cache-autotune
+  rm -rf "$FA4CACHE_DIR"
+  for i in 1 2; do
+    (cd /tmp && timeout 200 python3 "$repo/benchmarks/bench_autotune.py" 2>&1 | grep -E "RESULT|Error|error" | tail -5 | tee -a "$out/run.log")
+  done
+  unset FA4CACHE_DIR
 fi
 if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,

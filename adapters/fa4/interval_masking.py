@@ -34,10 +34,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fa4cache.masks.template import ROW_INTERVALS_ATTR
-
 from fa4cache import fa4_releases
 from fa4cache.fa4_releases import Coupling
+from fa4cache.masks.template import ROW_INTERVALS_ATTR
 
 log = logging.getLogger(__name__)
 NAME = "interval_masking"

@@ -97,6 +97,7 @@ def _mask_mod() -> Any:
 
 def _inject(stage: str, monkey: list[tuple[Any, str, Any]]) -> None:
     from fa4cache.adapters.fa4 import compile_cache, events, keys
+
     from fa4cache.store.store import Store
 
     def put(obj: Any, name: str, value: Any) -> None:
