@@ -169,9 +169,8 @@ def test_interval_masking_matches_element_wise_mask_mod(
             )
         return make_document_mask(cu, **kw)
 
-    from flash_attn.cute import mask as fa_mask
-
     from fa4cache.adapters.fa4 import interval_masking
+    from flash_attn.cute import mask as fa_mask
 
     # The comparison means something only where the patch is in: on an FA4 whose release does
     # not list it, run with FA4CACHE_TRY_COUPLINGS=interval_masking to verify it there.
