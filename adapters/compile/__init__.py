@@ -25,7 +25,6 @@ _FACE = {
     "default_jobs": "fa4cache.adapters.compile.task",
     "warm_jit": "fa4cache.adapters.compile.warm_jit_calls",
     "quack_calls": "fa4cache.adapters.compile.warm_jit_calls",
-    "warm_generation": "fa4cache.adapters.compile.generation",
     "warm_generation_items": "fa4cache.adapters.compile.generation",
     "generation_items": "fa4cache.adapters.compile.generation",
     "check_item": "fa4cache.adapters.compile.generation",

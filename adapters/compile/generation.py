@@ -136,14 +136,6 @@ def check_item(item: Any) -> dict[str, Any]:
     return item
 
 
-def warm_generation(
-    cfg: dict[str, Any], *, dtypes: list[str], cache_dir: str | None = None, arch: str = "sm_90"
-) -> GenerationWarm:
-    """Compile the generation kernels of the model ``cfg`` (its config.json as a dict) into
-    the store (the cross-compile environment must already be set for the target arch)."""
-    return warm_generation_items(generation_items(cfg, dtypes, arch), cache_dir=cache_dir)
-
-
 def warm_generation_items(items: list[dict[str, Any]], *, cache_dir: str | None = None) -> GenerationWarm:
     """Compile the generation calls ``items`` (:func:`generation_items`, or what the store
     recorded) into the store; each entry records its item as its spec."""

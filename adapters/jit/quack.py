@@ -164,10 +164,6 @@ def _is_enabled() -> bool:
     return _enabled
 
 
-def routed_count() -> int:
-    return len(_replaced)
-
-
 # --------------------------------------------------------------------------- import hook
 
 

@@ -103,9 +103,6 @@ class Layout:
     def use_path(self, ref: EntryRef) -> Path:
         return self.kind_dir(ref) / f"{ref.digest}.use"
 
-    def lock_path(self, digest: str) -> Path:
-        return self.locks_dir / f"{digest}.lock"
-
     # ------------------------------------------------------------------ walking
 
     def own_dir(self, path: Path) -> bool:
