@@ -160,7 +160,11 @@ def test_the_digest_covers_the_fa4_python_imports_not_every_copy_on_the_path(tmp
     def run(*copies: str) -> dict[str, Any]:
         p = subprocess.run(
             [sys.executable, "-c", _TWO_COPIES, *(str(tmp_path / c) for c in copies)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout)
@@ -168,3 +172,48 @@ def test_the_digest_covers_the_fa4_python_imports_not_every_copy_on_the_path(tmp
     both = run("first", "second")
     assert both["roots"] == [str(tmp_path / "first")]
     assert both["digest"] == run("first", "first")["digest"] != run("second", "first")["digest"]
+
+
+_RECORD = """
+import json, os
+import fa4cache
+from fa4cache.adapters import patch
+from fa4cache import fa4_releases
+store = fa4cache.install()
+tc = patch._installed.toolchain()  # records this FA4's toolchain in the store
+print("RESULT " + json.dumps({"version": fa4_releases.installed().version, "toolchain": tc.id}))
+"""
+
+
+def test_a_store_across_an_fa4_upgrade_misses_cleanly_and_doctor_says_why(tmp_path: Any) -> None:
+    # This process's FA4 and the venv's own (the overlay of another release taken off the
+    # path): run under tests/test_against.sh with the other release, the two differ.
+    import os
+
+    env = worker_env(tmp_path / "store", FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a")
+    venv_only = dict(env)
+    venv_only["PYTHONPATH"] = os.pathsep.join(
+        p for p in env["PYTHONPATH"].split(os.pathsep) if "/.overlays/" not in p
+    )
+
+    def record(e: dict[str, str]) -> dict[str, Any]:
+        p = subprocess.run(
+            [sys.executable, "-c", _RECORD], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.split("RESULT ", 1)[1])
+
+    here, venv = record(env), record(venv_only)
+    if here["version"] == venv["version"]:
+        pytest.skip("one FA4 release here: run with scripts/test_against.sh and another release")
+    assert here["toolchain"] != venv["toolchain"]  # every key of one misses under the other
+    doctor = subprocess.run(
+        [sys.executable, "-m", "fa4cache", "doctor"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    fit = next(line for line in doctor.stdout.splitlines() if "store kernels fit here?" in line)
+    assert "no:" in fit and "flash-attn-4" in fit and venv["version"] in fit, doctor.stdout
