@@ -161,19 +161,11 @@ def _fa4_files(package: str = "flash_attn.cute") -> list[tuple[str, int, int]]:
     """Every ``.py`` file of ``package`` as Python imports it: the directory of the first
     ``package/__init__.py`` on ``sys.path``. Not the parent's ``__path__``: ``flash_attn`` is a
     namespace package, and two copies of FA4 on the path (a wheel laid over a venv) would
-    mix two releases' files into one digest."""
-    import importlib.util
-
+    mix two releases' files into one digest. Nothing is imported (``install()`` stays cheap)."""
     mod = sys.modules.get(package)
-    origin = getattr(mod, "__file__", None)
+    origin = getattr(mod, "__file__", None) or _origin_without_import(package)
     if origin is None:
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            return []
-        if spec is None or spec.origin is None or not spec.submodule_search_locations:
-            return []
-        origin = spec.origin
+        return []
     out = []
     for dirpath, dirs, names in os.walk(os.path.dirname(origin)):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -186,6 +178,40 @@ def _fa4_files(package: str = "flash_attn.cute") -> list[tuple[str, int, int]]:
                     continue
                 out.append((p.replace(os.sep, "/"), st.st_size, st.st_mtime_ns))
     return out
+
+
+def _origin_without_import(package: str) -> str | None:
+    """Where ``package/__init__.py`` would be imported from, found as the path finder finds it
+    (a regular parent package anywhere on ``sys.path`` beats namespace portions; a namespace's
+    portions are searched in order), without running any of it. Other finders (an editable
+    install's hook, a zip): asked through importlib, which may import the parent package."""
+    import importlib.util
+
+    parts = package.split(".")
+    search = [p or os.getcwd() for p in sys.path if isinstance(p, str)]
+    for depth, name in enumerate(parts):
+        parent = sys.modules.get(".".join(parts[: depth + 1]))
+        if parent is not None and getattr(parent, "__path__", None):
+            search = list(parent.__path__)
+            continue
+        regular = next((d for d in search if os.path.isfile(os.path.join(d, name, "__init__.py"))), None)
+        if regular is not None:
+            search = [os.path.join(regular, name)]
+        else:
+            search = [os.path.join(d, name) for d in search if os.path.isdir(os.path.join(d, name))]
+        if not search:
+            break
+    else:
+        init = os.path.join(search[0], "__init__.py")
+        if len(search) == 1 and os.path.isfile(init):
+            return init
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.submodule_search_locations:
+        return None
+    return spec.origin
 
 
 def codegen_knobs(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
