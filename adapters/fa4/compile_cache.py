@@ -94,6 +94,13 @@ def ahead_is_off() -> bool:
     return getattr(_tl, "ahead_off", False)
 
 
+def _listed(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("fa4cache: this kernel was listed, not compiled; it cannot run")
+
+
+_LISTED = _listed  # what get() returns for a kernel a selector lists without compiling
+
+
 @dataclass
 class _Pending:
     ref: EntryRef
@@ -158,7 +165,11 @@ class StoreCompileCache:
     # -- dict conveniences ----------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
         # Not self.cache.get: a miss must go through the store (and its lock) like FA4 does.
-        return self[key] if key in self else default  # noqa: SIM401
+        if key not in self:
+            return default
+        # A selector answered "in" for a kernel it lists rather than compiles (.kernel_set):
+        # FA4 4.0.0b40's backward asks get() and, under fake tensors, never calls the result.
+        return self.cache.get(key, _LISTED)
 
     def __len__(self) -> int:
         return len(self.cache)
