@@ -37,7 +37,6 @@ import linecache
 import os
 import sys
 import sysconfig
-import textwrap
 import threading
 import types
 import weakref
@@ -46,7 +45,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from .errors import UnkeyableCode, UnstableKeyError
-from .fingerprint import DISTRIBUTIONS
+from .fingerprint import CODEGEN_DISTRIBUTIONS, DISTRIBUTIONS
 from .hashing import encode_key
 
 IDENTITY_FORMAT = "fa4cache-identity-v1"
@@ -153,6 +152,82 @@ def _library_of_class(cls: type) -> str | None:
     )
 
 
+# --------------------------------------------------------------------------- what a key may stand on
+
+# Library code a key may name instead of valuing: the code generators' own distributions,
+# whose sources the toolchain id digests (FA4, the CUTLASS DSL, QuACK), and tvm-ffi.
+_TRUSTED_DISTRIBUTIONS = frozenset(
+    CODEGEN_DISTRIBUTIONS + ("nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi")
+)
+# Standard-library modules whose functions compute from their arguments only.
+_PURE_MODULES = frozenset({"math", "cmath", "operator", "_operator", "itertools"})
+# ... and single functions of other standard-library modules that do.
+_PURE_FUNCTIONS = frozenset(
+    {
+        "functools.update_wrapper", "functools.wraps", "functools.reduce", "functools.cmp_to_key",
+        "dataclasses.field", "dataclasses.fields", "dataclasses.replace", "dataclasses.astuple",
+        "dataclasses.asdict", "dataclasses.is_dataclass", "typing.cast",
+    }
+)  # fmt: skip
+# Standard-library modules whose classes are plain data or typing helpers.
+_PLAIN_CLASS_MODULES = _PURE_MODULES | frozenset(
+    {"builtins", "enum", "dataclasses", "typing", "collections", "functools"}
+)
+# Builtins that compute from their arguments only. Not here: open, input, id, hash (salted
+# per process), globals/vars/locals/eval/exec/compile/__import__ (a lookup by string), dir,
+# setattr/delattr, breakpoint, help.
+_PURE_BUILTINS = frozenset(
+    {
+        "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr", "classmethod", "complex",
+        "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "getattr", "hasattr",
+        "hex", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next",
+        "object", "oct", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set",
+        "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "zip",
+        "NotImplemented", "Ellipsis", "None", "True", "False",
+    }
+)  # fmt: skip
+_LIBRARY_FIX = (
+    "read the value in your own code into a module constant (or pass it to the kernel as an "
+    "argument or aux tensor), or give the mask an explicit key: fn.__cute_hash__ = '<a string that "
+    "changes whenever what it means does>'"
+)
+
+
+def _trusted(label: str | None) -> bool:
+    return label is not None and label.split("==", 1)[0] in _TRUSTED_DISTRIBUTIONS
+
+
+def _pure_builtin(name: str, obj: Any) -> bool:
+    return name in _PURE_BUILTINS or (isinstance(obj, type) and issubclass(obj, BaseException))
+
+
+def _module_allowed(module: types.ModuleType) -> bool:
+    """Whether a library module may be named rather than valued: a code generator's, or a
+    pure standard-library one (math, operator)."""
+    return module.__name__ in _PURE_MODULES or _trusted(_library_of_module(module))
+
+
+def own_attr(obj: Any, name: str) -> Any:
+    """``obj``'s own attribute ``name`` (its ``__dict__``, else its class's), read without
+    ``__getattr__`` (a delegating wrapper answers with its delegate's). An attribute that
+    ``functools.wraps`` copied from the function a user's wrapper wraps is not its own: None."""
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        d = None
+    if isinstance(d, dict) and name in d:
+        value = d[name]
+    else:
+        value = inspect.getattr_static(obj, name, None)
+        if isinstance(value, (property, types.FunctionType, staticmethod, classmethod)):
+            return None
+    wrapped = d.get("__wrapped__") if isinstance(d, dict) else None
+    copied = wrapped is not None and wrapped is not obj and not is_library_code(obj)
+    if value is not None and copied and own_attr(wrapped, name) is value:
+        return None
+    return value
+
+
 # --------------------------------------------------------------------------- sources
 
 
@@ -189,52 +264,92 @@ def source_code(fn: types.FunctionType) -> types.CodeType:
     return original if isinstance(original, types.CodeType) else fn.__code__
 
 
-def function_source(fn: types.FunctionType) -> str:
-    """The source ``fn`` was compiled from, checked against its code object: a file edited
-    since its module was imported no longer describes the code that runs, and would key
-    the old code's kernel under the new text."""
+def function_code(fn: types.FunctionType) -> str:
+    """What the trace of ``fn`` depends on: its code object (:func:`code_text`), checked
+    against its file first. A file edited since its module was imported no longer
+    describes the code that runs, and the CuTe DSL re-reads a ``@cute.jit`` function's
+    source to rewrite it: such code is unkeyable until reloaded."""
     code = source_code(fn)
     filename = code.co_filename
     stamp = _stamp(filename)
-    if stamp is None:
-        # No file (REPL, exec, a notebook cell): the bytecode, which names the code for this
-        # Python only, with the names it reads (si.seqlen_q and si.seqlen_k share bytecode).
-        return _bytecode_text(code)
-    linecache.checkcache(filename)
-    if _code_sig(code) not in _compiled_file(filename, stamp):
-        raise UnkeyableCode(
-            f"the source of {fn.__module__}.{fn.__qualname__} ({filename}) changed on disk since it was "
-            "imported, so it does not describe the code that runs",
-            name=f"{fn.__module__}.{fn.__qualname__}",
-            fix="restart the process (or reload the module) after editing it",
+    if stamp is not None:
+        linecache.checkcache(filename)
+        if _code_sig(code) not in _compiled_file(filename, stamp):
+            raise UnkeyableCode(
+                f"the source of {fn.__module__}.{fn.__qualname__} ({filename}) changed on disk since it was "
+                "imported, so it does not describe the code that runs",
+                name=f"{fn.__module__}.{fn.__qualname__}",
+                fix="restart the process (or reload the module) after editing it",
+            )
+    return code_text(code)
+
+
+def code_text(code: types.CodeType) -> str:
+    """A code object as the trace sees it: bytecode, constants (nested code objects by their
+    own text), the names it reads, parameter names and counts, flags. Not its source text:
+    two lambdas on one line are two codes, while comments, docstrings, formatting and line
+    numbers (which do not reach the kernel's bytes: measured, see docs/store.md) are not
+    in it. Bytecode is Python's own: the text names the Python version."""
+    return repr(
+        (
+            _PY,
+            code.co_name,
+            code.co_argcount,
+            code.co_posonlyargcount,
+            code.co_kwonlyargcount,
+            code.co_flags,
+            code.co_code.hex(),
+            code.co_exceptiontable.hex() if hasattr(code, "co_exceptiontable") else "",
+            [_const_text(c, code_text) for c in _consts_without_doc(code)],
+            code.co_names,
+            code.co_varnames,
+            code.co_freevars,
+            code.co_cellvars,
         )
-    try:
-        # The code object's own source: inspect.getsource(fn) follows __wrapped__, so a
-        # functools.wraps decorator's own code (its m_idx + 5) was never read.
-        return textwrap.dedent(inspect.getsource(code))
-    except (OSError, TypeError):
-        return _bytecode_text(code)
+    )
 
 
-def _bytecode_text(code: types.CodeType) -> str:
-    return f"bytecode-{_PY}:{code.co_flags}:{code.co_code.hex()}:{_consts_text(code)}:{code.co_names!r}"
+def _consts_without_doc(code: types.CodeType) -> list[Any]:
+    """``co_consts`` with a docstring (a first string constant no instruction loads) left out."""
+    consts = list(code.co_consts)
+    if (
+        consts
+        and isinstance(consts[0], str)
+        and not any(op.opcode in dis.hasconst and op.arg == 0 for op in dis.get_instructions(code))
+    ):
+        consts[0] = "<doc>"
+    return consts
 
 
 def _code_sig(code: types.CodeType) -> tuple[Any, ...]:
-    # Bytecode alone misses a changed constant (return 1 / return 2 share it).
-    return (code.co_name, code.co_firstlineno, code.co_code, _consts_text(code), code.co_names)
+    # Bytecode alone misses a changed constant (return 1 / return 2 share it), and a swap of
+    # parameters (def off(a, b): a - b -> def off(b, a): b - a) shares bytecode and constants.
+    return (
+        code.co_name,
+        code.co_firstlineno,
+        code.co_code,
+        _consts_text(code),
+        code.co_names,
+        code.co_varnames,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+    )
 
 
 def _consts_text(code: types.CodeType) -> str:
     # Nested code (an inner mask_mod, a lambda) by its own signature: edited inside, it differs.
-    return repr([_const_text(c) for c in code.co_consts])
+    return repr([_const_text(c, _code_sig) for c in code.co_consts])
 
 
-def _const_text(c: Any) -> Any:
+def _const_text(c: Any, of_code: Callable[[types.CodeType], Any]) -> Any:
     if isinstance(c, types.CodeType):
-        return _code_sig(c)
+        return of_code(c)
     if isinstance(c, frozenset):  # `x in {...}`: its repr's order follows the hash seed
         return ("frozenset", sorted(repr(x) for x in c))
+    if isinstance(c, float):  # -0.0 and 0.0, nan: repr tells them apart, == does not
+        return ("float", c.hex())
     return c
 
 
@@ -299,7 +414,6 @@ class _Check:
     get: Callable[[], Any]
     expected: Any
     text: str | None = None
-
 
 
 @dataclass(frozen=True)
@@ -378,7 +492,12 @@ class _Walker:
             self.h.update(b"\0")
 
     def check(
-        self, get: Callable[[], Any], expected: Any, *, by_value: bool = True, key: tuple[Any, ...] | None = None
+        self,
+        get: Callable[[], Any],
+        expected: Any,
+        *,
+        by_value: bool = True,
+        key: tuple[Any, ...] | None = None,
     ) -> None:
         """Record a read; ``by_value``: a mutable value is re-encoded at each check (an object
         a chain only passes through is checked by identity: the chain's end is checked too).
@@ -437,6 +556,13 @@ class _Walker:
                     name=where,
                     fix=f"read its names directly ({v.__name__}.NAME) or import them by name",
                 )
+            if not _module_allowed(v):
+                raise UnkeyableCode(
+                    f"{where} is the library module {v.__name__}, used as a whole: what the code reads "
+                    "through it is library state fa4cache cannot prove",
+                    name=where,
+                    fix=_LIBRARY_FIX,
+                )
             return f"module:{label}:{v.__name__}"
         if isinstance(v, types.FunctionType):
             return self.function_ref(v, where)
@@ -450,7 +576,20 @@ class _Walker:
         if isinstance(v, (types.BuiltinFunctionType, types.BuiltinMethodType)):
             owner = getattr(v, "__self__", None)
             if owner is None or isinstance(owner, types.ModuleType):
-                return f"builtin:{getattr(v, '__module__', None)}.{v.__qualname__}"
+                mod = getattr(v, "__module__", None) or getattr(owner, "__name__", None) or ""
+                module = sys.modules.get(mod)
+                if not (
+                    mod in _PURE_MODULES
+                    or f"{mod}.{v.__qualname__}" in _PURE_FUNCTIONS
+                    or (mod == "builtins" and _pure_builtin(v.__name__, v))
+                    or (module is not None and mod != "builtins" and _trusted(_library_of_module(module)))
+                ):
+                    raise UnkeyableCode(
+                        f"{where} is the builtin {mod}.{v.__qualname__}, whose result fa4cache cannot prove",
+                        name=where,
+                        fix=_LIBRARY_FIX,
+                    )
+                return f"builtin:{mod}.{v.__qualname__}"
         if isinstance(v, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             # dict.__getitem__, object.__setattr__: a builtin type's own method, by name.
             owner = v.__objclass__
@@ -460,7 +599,14 @@ class _Walker:
         if tmod == "torch" and tname in ("dtype", "device"):
             return f"torch.{tname}:{v}"
         wrapped = getattr(v, "__wrapped__", None)
-        if isinstance(wrapped, types.FunctionType) and _library_of_class(type(v)) is not None:
+        if wrapped is not None and hasattr(v, "cache_info"):
+            raise UnkeyableCode(
+                f"{where} is a memoising wrapper ({tmod}.{tname}): its results come from a cache the key "
+                "cannot see, filled under earlier values",
+                name=where,
+                fix="call the function itself, not a cached wrapper of it",
+            )
+        if isinstance(wrapped, types.FunctionType) and _trusted(_library_of_class(type(v))):
             # A library's wrapper object (cute.jit's): what it wraps counts. A user's wrapper
             # class is an object like any other below: its attributes count too.
             return f"wrapped:{self.value(type(v), where, depth + 1)}:{self.function_ref(wrapped, where)}"
@@ -493,24 +639,56 @@ class _Walker:
         )
 
     def subclass(self, v: Any, where: str, depth: int) -> str:
-        """A container of a subclass (its own __getitem__, __missing__): the class counts."""
+        """A container of a subclass (its own __getitem__, __missing__): the class counts.
+        One that keeps state beside its items (self.w = 64 read by a method) is refused."""
         if type(v) in (tuple, list, dict):
             return ""
+        state = getattr(v, "__dict__", None)
+        slots = any("__slots__" in vars(k) and vars(k)["__slots__"] for k in type(v).__mro__[:-1]
+                    if _library_of_class(k) is None)  # fmt: skip
+        if state or slots:
+            raise UnkeyableCode(
+                f"{where} is a {type(v).__qualname__} (a {type(v).__mro__[-2].__name__} subclass) with "
+                "state beside its items, which fa4cache does not follow",
+                name=where,
+                fix="keep the values in a frozen dataclass or a plain dict",
+            )
         return "<" + self.value(type(v), where, depth + 1) + ">"
 
     def klass(self, cls: type, where: str) -> str:
         label = _library_of_class(cls)
         name = f"{cls.__module__}.{cls.__qualname__}"
         if label is not None:
+            if not (
+                _trusted(label)
+                or cls.__module__.split(".")[0] in _PLAIN_CLASS_MODULES
+                or (cls.__module__ == "torch" and cls.__name__ in ("dtype", "device"))
+            ):
+                raise UnkeyableCode(
+                    f"{where} is the library class {name}, outside the code generators': what its "
+                    "objects compute is not proven by any key",
+                    name=where,
+                    fix=_LIBRARY_FIX,
+                )
             return f"type:{label}:{name}"
         if id(cls) in self.seen:
             return f"class:{name}"
         self.seen[id(cls)] = cls
-        self.feed("class", name)
-        try:
-            self.feed(textwrap.dedent(inspect.getsource(cls)))
-        except (OSError, TypeError):
-            pass  # its attributes below still describe it
+        # Not its source text (a comment is no change): its bases, and every member below.
+        self.feed("class", name, "bases", ",".join(f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__))
+        if is_dataclass(cls):
+            self.feed("fields", ",".join(f.name for f in fields(cls)))
+        for klass in cls.__mro__:
+            if klass is object or _library_of_class(klass) is not None:
+                continue
+            for hook in ("__getattr__", "__getattribute__"):
+                if hook in vars(klass):
+                    raise UnkeyableCode(
+                        f"{where} (class {name}) computes its attributes in {klass.__qualname__}.{hook}: "
+                        "what a read returns is not a value fa4cache can follow",
+                        name=where,
+                        fix="store the values as attributes (or read the delegate directly)",
+                    )
         for klass in cls.__mro__:
             if klass is object or _library_of_class(klass) is not None:
                 continue
@@ -534,7 +712,12 @@ class _Walker:
         if isinstance(member, property):
             return ",".join(self.member(a, where) or "-" for a in (member.fget, member.fset, member.fdel))
         if isinstance(member, types.FunctionType):
-            generated = member.__code__.co_filename.startswith("<") and member.__name__.startswith("__")
+            inner = member  # a dataclass's __repr__ comes wrapped by reprlib.recursive_repr
+            while isinstance(getattr(inner, "__wrapped__", None), types.FunctionType) and library_label(
+                inner.__code__.co_filename
+            ):
+                inner = inner.__wrapped__
+            generated = inner.__code__.co_filename.startswith("<") and inner.__name__.startswith("__")
             if generated and generated_ok:
                 return None  # a dataclass's __init__, __eq__: the class source covers it
             return self.function_ref(member, where)
@@ -549,6 +732,13 @@ class _Walker:
         label = library_label(fn.__code__.co_filename)
         name = f"{fn.__module__}.{fn.__qualname__}"
         if label is not None:
+            if not (_trusted(label) or fn.__module__ in _PURE_MODULES or name in _PURE_FUNCTIONS):
+                raise UnkeyableCode(
+                    f"{where} is {name}, a library function outside the code generators' (FA4, the "
+                    "CUTLASS DSL, QuACK): fa4cache cannot prove what its result depends on",
+                    name=where,
+                    fix=_LIBRARY_FIX,
+                )
             wrapped = getattr(fn, "__wrapped__", None)
             if wrapped is not None and wrapped is not fn:  # cute.jit, functools.wraps: what it wraps counts
                 return f"lib:{label}:{name}>{self.value(wrapped, where, 1)}"
@@ -586,7 +776,7 @@ class _Walker:
             )
         code = source_code(fn)
         self.check(lambda: source_code(fn), code)
-        self.feed("function", name, function_source(fn))
+        self.feed("function", name, function_code(fn))
         for attr in ("__defaults__", "__kwdefaults__"):
             d = getattr(fn, attr)
             self.check(_get_attr(fn, attr), d)  # replaced, or edited in place (__kwdefaults__["off"])
@@ -623,6 +813,13 @@ class _Walker:
                         name=name,
                         fix="read the values by name (NAME, module.NAME) instead",
                     )
+                if not _pure_builtin(r.name, builtins[r.name]):
+                    raise UnkeyableCode(
+                        f"{name} calls the builtin {r.name}(), whose result fa4cache cannot prove (a file, "
+                        "the process's state)",
+                        name=r.name,
+                        fix=_LIBRARY_FIX,
+                    )
                 base, get = builtins[r.name], _get_item(builtins, r.name)
                 g = builtins
             where_key: tuple[Any, ...] = ("g", id(g), r.name)
@@ -632,25 +829,40 @@ class _Walker:
             base = get()
             where_key = ("c", id(cell))
         self.check(get, base, by_value=not r.attrs, key=where_key)
-        obj, library_owner = base, None
+        obj, library_owner, untrusted = base, None, None
         for i, attr in enumerate(r.attrs):
-            if isinstance(obj, types.ModuleType) and _library_of_module(obj) is not None:
-                library_owner = library_owner or obj
+            if isinstance(obj, types.ModuleType):
+                if _library_of_module(obj) is not None:
+                    library_owner = library_owner or obj
+                    if untrusted is None and not _module_allowed(obj):
+                        untrusted = obj
+                elif attr not in vars(obj) and callable(vars(obj).get("__getattr__")):
+                    raise UnkeyableCode(
+                        f"{name} reads {where}, which the module {obj.__name__} computes in its __getattr__",
+                        name=where,
+                        fix="define the value in the module",
+                    )
             nxt = getattr(obj, attr, _MISSING)
-            if library_owner is None:
-                # A library module's attributes are library state, versioned with its code: only
-                # the user's own objects along a chain can change under a running kernel.
-                self.check(_get_attr(obj, attr), nxt, by_value=i == len(r.attrs) - 1, key=("a", id(obj), attr))
+            # Library modules too: a value kept on one (torch.some_setting = 128) can change
+            # under a running kernel like any other.
+            self.check(_get_attr(obj, attr), nxt, by_value=i == len(r.attrs) - 1, key=("a", id(obj), attr))
             obj = nxt
             if nxt is _MISSING:
                 break  # an AttributeError at trace time, as in any run
+        if untrusted is not None and obj is not _MISSING and _is_mutable(obj):
+            # os.environ, sys.modules: the library's state, read through it at trace time.
+            raise UnkeyableCode(
+                f"{name} reads {where} through the library module {untrusted.__name__}: state fa4cache cannot prove",
+                name=where,
+                fix=_LIBRARY_FIX,
+            )
         try:
             text = self.value(obj, where, 1) if obj is not _MISSING else "missing"
         except UnkeyableCode as e:
-            if library_owner is None:
+            if library_owner is None or untrusted is not None or not _trusted(_library_of_class(type(obj))):
                 raise UnkeyableCode(f"{e.reason}, read by {name}", name=e.name, fix=e.fix) from None
-            # A library module's attribute without a value encoding (cute.struct): the
-            # fingerprint versions the library; its name is its identity.
+            # A code generator's own object without a value encoding (cute.struct): the
+            # toolchain id digests its sources, and the check above sees it replaced.
             text = f"libattr:{_library_of_module(library_owner)}"
         self.feed("read", r.scope, r.name, ".".join(r.attrs), text)
 
@@ -679,13 +891,39 @@ def _name_of(fn: Any) -> str:
 
 def _explicit_key(v: Any) -> str | None:
     """A user's own key: ``__fa4cache_key__`` (a string), or an fa4cache mask's live identity."""
-    live = getattr(v, "__fa4cache_identity__", None)
-    if callable(live):
+    live = fa4cache_identity(v)
+    if live is not None:
         return "mask:" + str(live())
-    key = getattr(v, "__fa4cache_key__", None)
+    key = own_attr(v, "__fa4cache_key__")
     if isinstance(key, str):
         return "explicit:" + key
     return None
+
+
+def fa4cache_identity(v: Any) -> Callable[[], str] | None:
+    """The live identity fa4cache itself gave ``v`` (a mask template's mask): a partial bound
+    to ``v`` itself. One a wrapper copied (functools.wraps) or answers through __getattr__
+    is its inner mask's, not its own: None."""
+    live = own_attr(v, "__fa4cache_identity__")
+    if isinstance(live, functools.partial) and live.args and live.args[0] is v:
+        return live
+    return None
+
+
+def value_identity(value: Any, where: str) -> Identity:
+    """The identity of a value passed to generated code (a ``@jit_cache`` argument): by
+    content, classes and callables walked like globals. Raises :class:`UnkeyableCode`."""
+    w = _Walker()
+    try:
+        w.feed("value", w.value(value, where, 0))
+        while w.todo:
+            f, _ = w.todo.pop(0)
+            w.function(f)
+    except UnstableKeyError as e:
+        if isinstance(e, UnkeyableCode):
+            raise
+        raise UnkeyableCode(str(e), name=where, fix=_FIX) from None
+    return Identity(w.h.hexdigest(), tuple(w.checks))
 
 
 def identity(fn: Any, *extra: str) -> Identity:
