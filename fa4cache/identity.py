@@ -144,6 +144,12 @@ def is_library_code(obj: Any) -> bool:
     return _library_of_class(type(obj)) is not None
 
 
+def library_class(cls: type) -> bool:
+    """Whether the class ``cls`` is a library's (builtins, the standard library, a library
+    distribution), not the user's."""
+    return _library_of_class(cls) is not None
+
+
 def _library_of_class(cls: type) -> str | None:
     if cls.__module__ == "builtins":
         return "builtins"
@@ -310,11 +316,12 @@ def code_text(code: types.CodeType) -> str:
 
 
 def _consts_without_doc(code: types.CodeType) -> list[Any]:
-    """``co_consts`` with a docstring (a first string constant no instruction loads) left out."""
+    """``co_consts`` with a docstring left out: the first constant, when no instruction loads
+    it, is the docstring or the None that stands in for one (3.11)."""
     consts = list(code.co_consts)
     if (
         consts
-        and isinstance(consts[0], str)
+        and (consts[0] is None or isinstance(consts[0], str))
         and not any(op.opcode in dis.hasconst and op.arg == 0 for op in dis.get_instructions(code))
     ):
         consts[0] = "<doc>"
@@ -477,8 +484,25 @@ def _is_mutable(value: Any) -> bool:
     return isinstance(getattr(value, "__dict__", None), dict)
 
 
+def _refuse_attribute_hooks(cls: type, what: str) -> None:
+    """A user class that computes its attributes (``__getattr__`` delegation) answers reads
+    with values no chain follows: refused."""
+    for klass in cls.__mro__:
+        if klass is object or _library_of_class(klass) is not None:
+            continue
+        for hook in ("__getattr__", "__getattribute__"):
+            if hook in vars(klass):
+                raise UnkeyableCode(
+                    f"{what}: {klass.__module__}.{klass.__qualname__} computes its attributes in {hook}, "
+                    "so what a read returns is not a value fa4cache can follow",
+                    name=f"{klass.__qualname__}.{hook}",
+                    fix="store the values as attributes (or read the delegate directly)",
+                )
+
+
 class _Walker:
-    def __init__(self) -> None:
+    def __init__(self, *, record: bool = True) -> None:
+        self.record = record  # False: a re-encoding for a check, which records nothing itself
         self.h = hashlib.sha256(f"{IDENTITY_FORMAT}\0".encode())
         self.checks: list[_Check] = []
         self.check_keys: set[tuple[Any, ...]] = set()
@@ -502,6 +526,8 @@ class _Walker:
         """Record a read; ``by_value``: a mutable value is re-encoded at each check (an object
         a chain only passes through is checked by identity: the chain's end is checked too).
         ``key``: the same read made by several functions is checked once."""
+        if not self.record:
+            return
         if key is not None:
             key = (*key, by_value)
             if key in self.check_keys:
@@ -590,6 +616,8 @@ class _Walker:
                         fix=_LIBRARY_FIX,
                     )
                 return f"builtin:{mod}.{v.__qualname__}"
+            if isinstance(owner, type) and owner.__module__ == "builtins":
+                return f"builtin:builtins.{owner.__qualname__}.{v.__name__}"  # object.__new__ (an Enum's)
         if isinstance(v, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             # dict.__getitem__, object.__setattr__: a builtin type's own method, by name.
             owner = v.__objclass__
@@ -678,17 +706,7 @@ class _Walker:
         self.feed("class", name, "bases", ",".join(f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__))
         if is_dataclass(cls):
             self.feed("fields", ",".join(f.name for f in fields(cls)))
-        for klass in cls.__mro__:
-            if klass is object or _library_of_class(klass) is not None:
-                continue
-            for hook in ("__getattr__", "__getattribute__"):
-                if hook in vars(klass):
-                    raise UnkeyableCode(
-                        f"{where} (class {name}) computes its attributes in {klass.__qualname__}.{hook}: "
-                        "what a read returns is not a value fa4cache can follow",
-                        name=where,
-                        fix="store the values as attributes (or read the delegate directly)",
-                    )
+        _refuse_attribute_hooks(cls, f"{where} (class {name})")
         for klass in cls.__mro__:
             if klass is object or _library_of_class(klass) is not None:
                 continue
@@ -712,6 +730,10 @@ class _Walker:
         if isinstance(member, property):
             return ",".join(self.member(a, where) or "-" for a in (member.fget, member.fset, member.fdel))
         if isinstance(member, types.FunctionType):
+            label = library_label(member.__code__.co_filename)
+            if label is not None and not _trusted(label) and member.__module__ in _PLAIN_CLASS_MODULES:
+                # Class machinery a plain-data base put in the class (an Enum's __new__): named.
+                return f"lib:{label}:{member.__module__}.{member.__qualname__}"
             inner = member  # a dataclass's __repr__ comes wrapped by reprlib.recursive_repr
             while isinstance(getattr(inner, "__wrapped__", None), types.FunctionType) and library_label(
                 inner.__code__.co_filename
@@ -842,6 +864,8 @@ class _Walker:
                         name=where,
                         fix="define the value in the module",
                     )
+            elif not isinstance(obj, type) and _library_of_class(type(obj)) is None:
+                _refuse_attribute_hooks(type(obj), f"{name} reads {where}")
             nxt = getattr(obj, attr, _MISSING)
             # Library modules too: a value kept on one (torch.some_setting = 128) can change
             # under a running kernel like any other.
@@ -882,11 +906,16 @@ class _Walker:
 def _value_text(value: Any) -> str:
     """A mutable value's text, to compare at a re-check: a fresh walker, so that re-encoding
     follows and records nothing."""
-    return _Walker().value(value, "value", 0)
+    return _Walker(record=False).value(value, "value", 0)
 
 
 def _name_of(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    # Read statically: a __getattr__ wrapper would answer with its delegate's name.
+    module = inspect.getattr_static(fn, "__module__", "?")
+    qualname = inspect.getattr_static(fn, "__qualname__", None)
+    if not isinstance(qualname, str):
+        qualname = type(fn).__qualname__
+    return f"{module if isinstance(module, str) else '?'}.{qualname}"
 
 
 def _explicit_key(v: Any) -> str | None:
