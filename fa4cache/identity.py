@@ -48,7 +48,7 @@ from .errors import UnkeyableCode, UnstableKeyError
 from .fingerprint import CODEGEN_DISTRIBUTIONS, DISTRIBUTIONS
 from .hashing import encode_key
 
-IDENTITY_FORMAT = "fa4cache-identity-v1"
+IDENTITY_FORMAT = "fa4cache-identity-v2"
 # A compile key holding a string with this prefix names code no key describes completely:
 # it is compiled and kept in memory, never stored, fetched or shipped.
 MEMORY_ONLY = "fa4cache-memory-only:"

@@ -7,8 +7,8 @@ and instance attributes, properties, lambdas, two lambdas on one line, comprehen
 Variant B differs from variant A in the one value at the bottom of the chain, or not at all.
 Two fresh processes (one per variant) key every case with FA4's hash as fa4cache replaces it;
 the contract, at key level: a changed value gives another key or a memory-only one; an
-unchanged case keys alike in both; a case through a refused form is memory-only, and one
-through allowed forms only is persistent. The seed is printed; ``FA4CACHE_TEST_SEED``
+unchanged case keys alike in both; a mask that reads through a refused form itself is
+memory-only, and one built from allowed forms only is persistent. The seed is printed; ``FA4CACHE_TEST_SEED``
 repeats it and ``FA4CACHE_FORMS_N`` sets the number of cases (the CI slice is short).
 """
 
@@ -178,17 +178,6 @@ def _case(rng: random.Random, i: int) -> tuple[list[str], bool, dict[str, tuple[
     return forms, change, {f: (texts[0][f], texts[1][f]) for f in texts[0]}
 
 
-def _reaches_a_refused_form(forms: list[str]) -> bool:
-    """Whether the trace reaches a refused form: through lazy forms only, from the outside."""
-    for form in forms:
-        refused, lazy, _ = FORMS[form]
-        if refused:
-            return True
-        if not lazy:
-            return False  # what lies below ran at import: the kernel reads a value
-    return False
-
-
 def _keys(root: Path, cases: dict[int, dict[str, tuple[str, str]]], variant: int) -> dict[str, str]:
     d = root / f"variant{variant}"
     d.mkdir()
@@ -216,13 +205,19 @@ def test_generated_forms_keep_the_key_contract(tmp_path: Path) -> None:
     wrong, counts = [], {"cases": n, "changed": 0, "memory_only": 0, "forms": 0}
     for i, (forms, change, _) in built.items():
         a, b = ka[f"case{i}"], kb[f"case{i}"]
-        refused = _reaches_a_refused_form(forms)
+        refused_outside = FORMS[forms[0]][0]
+        allowed_only = not any(FORMS[f][0] for f in forms)
         counts["changed"] += change
         counts["memory_only"] += memory_only(b)
         counts["forms"] += len(forms)
         where = f"seed {seed} case{i} {' -> '.join(forms)} (changed: {change})"
-        if refused != memory_only(b) or refused != memory_only(a):
-            wrong.append(f"{where}: memory-only {memory_only(a)}/{memory_only(b)}, expected {refused}")
+        # A refused form further in may still be valued by content: a property or an
+        # import-time value runs it while the walker reads the chain, and re-runs it at
+        # every check. Only the contract below and these two ends are fixed.
+        if refused_outside and not (memory_only(a) and memory_only(b)):
+            wrong.append(f"{where}: the mask reads through a refused form and was keyed")
+        elif allowed_only and (memory_only(a) or memory_only(b)):
+            wrong.append(f"{where}: allowed forms only, and memory-only")
         elif change and not memory_only(b) and a == b:
             wrong.append(f"{where}: B changed a value and kept A's key")
         elif not change and not memory_only(b) and a != b:
