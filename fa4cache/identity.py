@@ -1,24 +1,30 @@
 """Code identity: a digest over everything a user function's generated kernel can depend on.
 
 A ``mask_mod``, a ``score_mod`` or a ``@jit_cache`` function is traced by the CuTe DSL:
-the kernel it becomes depends on its own source and on everything it reads while being
+the kernel it becomes depends on its own code and on everything it reads while being
 traced. A persistent key must cover all of that, or a later run loads a kernel built for
 other code (the failure FA4's in-process ``hash_callable`` -- source text plus ``repr`` of
-closure cells -- turns into once kernels outlive the process). :func:`identity` walks:
+closure cells -- turns into once kernels outlive the process). The walker is an allow-list:
+:func:`identity` values, by content,
 
-* the source of the function and of every function it reaches, transitively, wherever it
-  is defined: through globals, closure cells, defaults, attribute chains
-  (``helpers.offset``), bound methods, ``functools.partial`` and user classes;
+* the code object of the function and of every function it reaches, transitively,
+  wherever it is defined: through globals, closure cells, defaults, attribute chains
+  (``helpers.offset``), bound methods, ``functools.partial`` and user classes (bases and
+  members). Code, not source text (:func:`code_text`): two lambdas on one line differ,
+  comments, docstrings and formatting do not count, and line numbers do not reach a
+  kernel's bytes (measured);
 * the *values* of the globals, attribute chains (``cfg.WIDTH``), closure cells and
   defaults it reads, encoded by value, never by ``repr``;
-* library code (the files of the distributions the toolchain fingerprint names: FA4,
-  the CUTLASS DSL, QuACK, tvm-ffi, torch) by name only: the fingerprint covers it. The
-  standard library by name and Python version. Nothing is judged by a name prefix:
-  ``torchtitan`` is user code.
+* library code by name only where the toolchain id covers it: the code generators'
+  distributions (FA4, the CUTLASS DSL, QuACK) and tvm-ffi; of the rest, only pure
+  standard-library functions (``math``, ``operator``) and pure builtins. Nothing is
+  judged by a name prefix: ``torchtitan`` is user code.
 
-What it cannot value (an arbitrary object, a tensor, a user module used as a whole, a
-source file edited since it was imported) raises :class:`~fa4cache.errors.UnkeyableCode`
-naming the name and the fix: callers then keep the kernel in memory only.
+Everything else raises :class:`~fa4cache.errors.UnkeyableCode` naming the name and the
+fix, and callers keep the kernel in memory only: an arbitrary object, a tensor, a user
+module used as a whole, a source file edited since it was imported, any other library's
+function or state (``os.environ``, ``sys.modules``, ``open``, frames), a memoising wrapper,
+a class computing its attributes (``__getattr__``), a container subclass with state.
 
 An :class:`Identity` remembers what it read, so :meth:`Identity.valid` can tell cheaply
 whether any of it changed since (a module constant set at run time, a function

@@ -126,8 +126,12 @@ def _edit(file: str, old: str, new: str) -> dict[str, str]:
 
 _HARMLESS = {
     "comment inside the mask": _edit("main.py", "    lo =", "    # the band's lower edge\n    lo ="),
-    "docstring of a helper it calls": _edit("helpers.py", '"""The offset."""', '"""How far the band reaches."""'),
-    "comment in a class it reaches": _edit("helpers.py", "    WIDTH = 8\n", "    # in tokens\n    WIDTH = 8  # per side\n"),
+    "docstring of a helper it calls": _edit(
+        "helpers.py", '"""The offset."""', '"""How far the band reaches."""'
+    ),
+    "comment in a class it reaches": _edit(
+        "helpers.py", "    WIDTH = 8\n", "    # in tokens\n    WIDTH = 8  # per side\n"
+    ),
     "reformatting": _edit(
         "main.py",
         "    return (n_idx <= m_idx + offset(2)) & (n_idx >= lo)",
@@ -138,7 +142,9 @@ _HARMLESS = {
         "main.py", "aux_tensors):\n", 'aux_tensors):\n    """A band below the diagonal."""\n'
     ),
     "an unrelated global": _edit("main.py", "BAND = Band()\n", "BAND = Band()\nUNUSED = 12345\n"),
-    "an unrelated function": _edit("main.py", "BAND = Band()\n", "BAND = Band()\ndef unused():\n    return 7\n"),
+    "an unrelated function": _edit(
+        "main.py", "BAND = Band()\n", "BAND = Band()\ndef unused():\n    return 7\n"
+    ),
     "an unrelated import": _edit("main.py", "import json\n", "import json\nimport os\n"),
 }
 
@@ -197,7 +203,11 @@ _LIBRARY_READS = {
     "os.environ": ("import os\nos.environ['IDL_W'] = '64'\n", "int(os.environ['IDL_W'])", "os.environ"),
     "os.getenv": ("import os\nos.environ['IDL_W'] = '64'\n", "int(os.getenv('IDL_W'))", "os.getenv"),
     "sys.modules": ("import sys, cfg\n", "sys.modules['cfg'].W", "sys.modules"),
-    "importlib.import_module": ("import importlib\n", "importlib.import_module('cfg').W", "importlib.import_module"),
+    "importlib.import_module": (
+        "import importlib\n",
+        "importlib.import_module('cfg').W",
+        "importlib.import_module",
+    ),
     "open": ("", "int(open(PATH).read())", "open"),
     "sys._getframe": ("import sys\nW = 64\n", "sys._getframe(0).f_globals['W']", "sys._getframe"),
     "lru_cache helper": (
@@ -346,9 +356,7 @@ def test_jit_cache_arguments_are_valued_by_the_walker(tmp_path: Path, form: str)
     # Encoded by their type's name, the two variants once shared one entry.
     text, a, b = _JIT_ARGS[form]
     kernel = "import fa4cache\n@fa4cache.jit_cache\ndef compile_k(arg):\n    return arg\n"
-    keys = [
-        _keys(tmp_path, {"main.py": kernel + text.format(v=v)}, "compile_k")["compile_k"] for v in (a, b)
-    ]
+    keys = [_keys(tmp_path, {"main.py": kernel + text.format(v=v)}, "compile_k")["compile_k"] for v in (a, b)]
     assert not any(_memory_only(k) for k in keys), keys
     assert keys[0]["key"] != keys[1]["key"], f"{form}: both variants have one key"
 
@@ -362,7 +370,9 @@ def test_jit_cache_argument_no_key_can_value_compiles_in_memory(tmp_path: Path) 
 # --------------------------------------------------------------------------- toolchain
 
 
-def test_the_toolchain_id_covers_the_dsl_python_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_toolchain_id_covers_the_dsl_python_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The CUTLASS DSL patched locally, same version: once the same toolchain id.
     import types
 
