@@ -10,9 +10,9 @@ closure cells -- turns into once kernels outlive the process). The walker is an 
 * the code object of the function and of every function it reaches, transitively,
   wherever it is defined: through globals, closure cells, defaults, attribute chains
   (``helpers.offset``), bound methods, ``functools.partial`` and user classes (bases and
-  members). Code, not source text (:func:`code_text`): two lambdas on one line differ,
-  comments, docstrings and formatting do not count, and line numbers do not reach a
-  kernel's bytes (measured);
+  members). Code, not source text (its syntax-tree node, :func:`code_text` without a
+  file): two lambdas on one line differ, comments, docstrings and formatting do not count,
+  and line numbers do not reach a kernel's bytes (measured);
 * the *values* of the globals, attribute chains (``cfg.WIDTH``), closure cells and
   defaults it reads, encoded by value, never by ``repr``;
 * library code by name only where the toolchain id covers it: the code generators'
@@ -33,6 +33,7 @@ redefined); :func:`current_digest` recomputes then. No digest outlives what it c
 
 from __future__ import annotations
 
+import ast
 import collections
 import dis
 import enum
@@ -277,8 +278,8 @@ def source_code(fn: types.FunctionType) -> types.CodeType:
 
 
 def function_code(fn: types.FunctionType) -> str:
-    """What the trace of ``fn`` depends on: its code object (:func:`code_text`), checked
-    against its file first. A file edited since its module was imported no longer
+    """What the trace of ``fn`` depends on: its syntax tree (:func:`_ast_text`) when its
+    file holds it, else its code object (:func:`code_text`), checked against its file first. A file edited since its module was imported no longer
     describes the code that runs, and the CuTe DSL re-reads a ``@cute.jit`` function's
     source to rewrite it: such code is unkeyable until reloaded."""
     code = source_code(fn)
@@ -293,7 +294,79 @@ def function_code(fn: types.FunctionType) -> str:
                 name=f"{fn.__module__}.{fn.__qualname__}",
                 fix="restart the process (or reload the module) after editing it",
             )
-    return code_text(code)
+    node = _ast_node(code) if stamp is not None else None
+    return _ast_text(code, node) if node is not None else code_text(code)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(filename: str, stamp: tuple[int, int]) -> ast.Module | None:
+    try:
+        return ast.parse("".join(linecache.getlines(filename)), filename)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _ast_node(code: types.CodeType) -> ast.AST | None:
+    """The function's own node in its (unchanged) file's syntax tree: the ``def`` with its
+    name on its first line, or the lambda whose body holds the code's positions (two lambdas
+    on one line are two nodes). None when it is not exactly one."""
+    stamp = _stamp(code.co_filename)
+    tree = _parsed(code.co_filename, stamp) if stamp is not None else None
+    if tree is None:
+        return None
+    first = code.co_firstlineno
+    if code.co_name == "<lambda>":
+        positions = code.co_positions() if hasattr(code, "co_positions") else ()  # 3.11+
+        spans = [(a, c, b, d) for a, b, c, d in positions if None not in (a, b, c, d) and (a, c) != (b, d)]
+        found = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Lambda)
+            and n.lineno == first
+            and all(
+                (a, c) >= (n.body.lineno, n.body.col_offset)
+                and (b, d) <= (n.body.end_lineno or 0, n.body.end_col_offset or 0)
+                for a, c, b, d in spans
+            )
+        ]
+    else:
+        found = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name == code.co_name
+            and (n.decorator_list[0].lineno if n.decorator_list else n.lineno) == first
+        ]
+    return found[0] if len(found) == 1 else None
+
+
+def _ast_text(code: types.CodeType, node: ast.AST) -> str:
+    """A function as its syntax tree says (what the CuTe DSL rewrites for a ``cute.jit``
+    function, and what its bytecode is compiled from): no comments, docstrings, formatting
+    or positions, and no Python version (bytecode is Python's own, the tree is the
+    language's). Fields a Python version adds empty (``type_params``) are left out."""
+
+    def dump(n: Any) -> str:
+        if isinstance(n, ast.AST):
+            parts = []
+            for f in n._fields:
+                v = getattr(n, f, None)
+                if f == "body" and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and v:
+                    first = v[0]
+                    value = first.value if isinstance(first, ast.Expr) else None
+                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                        v = v[1:]  # the docstring
+                if v is None or v == [] or (f == "kind" and isinstance(n, ast.Constant)):
+                    continue
+                parts.append(f"{f}={dump(v)}")
+            return f"{type(n).__name__}({','.join(parts)})"
+        if isinstance(n, list):
+            return "[" + ",".join(dump(x) for x in n) + "]"
+        if isinstance(n, float):
+            return f"float:{n.hex()}"
+        return repr(n)
+
+    return f"ast:{code.co_name}:{dump(node)}"
 
 
 def code_text(code: types.CodeType) -> str:
