@@ -295,7 +295,11 @@ def function_code(fn: types.FunctionType) -> str:
                 fix="restart the process (or reload the module) after editing it",
             )
     node = _ast_node(code) if stamp is not None else None
-    return _ast_text(code, node) if node is not None else code_text(code)
+    text = _ast_text(code, node) if node is not None else code_text(code)
+    if os.environ.get("CUTE_DSL_LINEINFO", "").strip().lower() not in ("", "0", "false", "off", "no"):
+        # The DSL's --lineinfo build puts file and line numbers into the kernel's bytes.
+        text += f":lineinfo:{filename}:{code.co_firstlineno}:{code.co_linetable.hex()}"
+    return text
 
 
 @functools.lru_cache(maxsize=64)

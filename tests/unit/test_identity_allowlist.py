@@ -166,6 +166,18 @@ def test_harmless_edits_keep_the_key_and_a_real_one_does_not(tmp_path: Path) -> 
         assert _keys(tmp_path, files, "mask_mod")["mask_mod"]["key"] != base["key"]
 
 
+def test_line_numbers_count_only_when_the_dsl_builds_line_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Measured: line numbers do not reach a kernel's bytes (a mask_mod with lines added above
+    # it compiles to the same sha256); a CUTE_DSL_LINEINFO=1 build puts them there.
+    mask = "def mask_mod(b, h, m, n, si, aux):\n    return n <= m\n"
+    for lineinfo, same in (("0", True), ("1", False)):
+        monkeypatch.setenv("CUTE_DSL_LINEINFO", lineinfo)
+        a, b = (_keys(tmp_path, {"main.py": "\n" * blank + mask}, "mask_mod")["mask_mod"] for blank in (0, 3))
+        assert (a["key"] == b["key"]) is same, (lineinfo, a, b)
+
+
 def test_parameters_swapped_in_the_file_after_import_are_an_edit(tmp_path: Path) -> None:
     # def off(a, b): a - b -> def off(b, a): b - a shares bytecode, constants and names.
     helpers = tmp_path / "idsw_helpers.py"
