@@ -628,7 +628,7 @@ class _Walker:
     def value(self, v: Any, where: str, depth: int, *, root: bool = False) -> str:
         if depth > _MAX_DEPTH:
             raise UnkeyableCode(f"{where} nests deeper than {_MAX_DEPTH} levels", name=where, fix=_FIX)
-        if v is None or isinstance(v, (bool, int, float, str)):
+        if v is None or type(v) in (bool, int, float, str):  # an IntEnum member is an enum
             return encode_key(v)
         if isinstance(v, bytes):
             return "bytes:" + v.hex()
@@ -637,6 +637,15 @@ class _Walker:
             return explicit
         if isinstance(v, enum.Enum):
             return f"enum:{self.value(type(v), where, depth + 1)}.{v.name}"
+        if isinstance(v, (int, float, str)):  # a subclass (class MyInt(int)): its class and value
+            if getattr(v, "__dict__", None):
+                raise UnkeyableCode(
+                    f"{where} is a {type(v).__qualname__} with state beside its value",
+                    name=where,
+                    fix="keep the values in a frozen dataclass",
+                )
+            plain = int(v) if isinstance(v, int) else float(v) if isinstance(v, float) else str(v)
+            return f"{self.value(type(v), where, depth + 1)}:{encode_key(plain)}"
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             inner = ",".join(self.value(x, f"{where}.{f}", depth + 1) for f, x in zip(v._fields, v))
             return f"nt:{self.value(type(v), where, depth + 1)}({inner})"

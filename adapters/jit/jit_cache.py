@@ -203,7 +203,7 @@ def _plain(value: Any, where: str, checks: list[Any] | None = None) -> Any:
     callable -- is valued by the identity walker like a global the kernel reads (its class's
     code and values included), never by its type's name. Raises
     :class:`~fa4cache.errors.UnkeyableCode` when the walker cannot value it."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or type(value) in (bool, int, float, str):  # not a user IntEnum member
         return value
     if isinstance(value, type) and library_class(value):
         return value  # cutlass.BFloat16, a library's enum class

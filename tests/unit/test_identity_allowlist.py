@@ -348,6 +348,11 @@ def test_wrappers_do_not_borrow_an_inner_masks_identity(tmp_path: Path) -> None:
 _JIT_ARGS = {
     "a class": ("class C:\n    K = {v}\nARGS = (C,)\n", "1", "2"),
     "an enum member": ("import enum\nclass M(enum.Enum):\n    A = {v}\nARGS = (M.A,)\n", "1", "2"),
+    "an IntEnum member whose class changed": (
+        "import enum\nclass M(enum.IntEnum):\n    A = 1\n    def scale(self):\n        return {v}\nARGS = (M.A,)\n",
+        "1",
+        "2",
+    ),
     "a dataclass holding a class": (
         "import dataclasses\nclass C:\n    K = {v}\n@dataclasses.dataclass(frozen=True)\nclass Cfg:\n"
         "    kind: type\nARGS = (Cfg(C),)\n",
