@@ -6,7 +6,7 @@ set compiled while varying one thing at a time):
 
 * **In the key** (:attr:`Toolchain.id`): FA4's version *and* a digest of its
   ``flash_attn/cute`` sources (editable installs and local patches change code without
-  changing the version), the same for QuACK, the CUTLASS DSL's version, **the CUDA flavor
+  changing the version), the same for QuACK and for the CUTLASS DSL's Python (``cutlass/**``), the CUTLASS DSL's version, **the CUDA flavor
   the DSL compiles with** (``cu12``/``cu13``: its own ptxas, so other device code), the host
   machine (the object holds host code), the target arch and SM count, the code-generation
   knobs and patches.
@@ -90,6 +90,7 @@ class Toolchain:
     patches: tuple[tuple[str, str], ...] = ()
     num_sms: int | None = None
     quack_source_digest: str = "absent"
+    dsl_source_digest: str = "absent"
     # The CUDA flavor the DSL compiles with ("cu13"): its ptxas makes the device code.
     dsl_cuda: str = "absent"
     # Not in the id: what loading needs (tvm_ffi_abi) and provenance (python, torch).
@@ -110,6 +111,7 @@ class Toolchain:
             "patches": dict(self.patches),
             "num_sms": self.num_sms,
             "quack_source_digest": self.quack_source_digest,
+            "dsl_source_digest": self.dsl_source_digest,
         }
 
 
@@ -120,7 +122,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _fa4_source_digest_cached(
     signature: tuple[tuple[str, int, int], ...], marker: str = "flash_attn/cute/"
 ) -> str:
@@ -155,6 +157,15 @@ def quack_source_digest() -> str:
     if not files:
         return "absent"
     return _fa4_source_digest_cached(tuple(sorted(files)), "quack/")
+
+
+def dsl_source_digest() -> str:
+    """Digest of every ``cutlass/**/*.py`` file of the installed CUTLASS DSL (as for FA4): its
+    Python is the code generator too, and a local patch keeps the version."""
+    files = _fa4_files("cutlass")
+    if not files:
+        return "absent"
+    return _fa4_source_digest_cached(tuple(sorted(files)), "/cutlass/")
 
 
 def _fa4_files(package: str = "flash_attn.cute") -> list[tuple[str, int, int]]:
@@ -315,6 +326,7 @@ def toolchain(
     versions = tuple((d, v) for d in dists if (v := _version(d)) is not None)
     src = fa4_source_digest()
     quack_src = quack_source_digest()
+    dsl_src = dsl_source_digest()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     # The host CPU architecture: an aarch64 host (GH200, GB200) cannot load x86-64 objects.
     machine = platform.machine().lower() or "unknown"
@@ -331,6 +343,7 @@ def toolchain(
             "patches": patches,
             "num_sms": num_sms,
             "quack_src": quack_src,
+            "dsl_src": dsl_src,
             "dsl_cuda": cuda,
         },
         sort_keys=True,
@@ -346,6 +359,7 @@ def toolchain(
         patches=patches,
         num_sms=num_sms,
         quack_source_digest=quack_src,
+        dsl_source_digest=dsl_src,
         dsl_cuda=cuda,
         runtime=runtime_facts(),
     )

@@ -7,8 +7,10 @@ dies with the process; persisted, it serves a kernel built for other code as soo
 module constant, a helper in another module or an object's attribute changes. Installed,
 fa4cache replaces it (in every FA4 module that holds it) with :func:`hash_callable`:
 
-* an fa4cache mask carries its live identity (``__fa4cache_identity__``): used as is;
-* an explicit ``__cute_hash__`` that the user set (FA4's documented override) is trusted;
+* an fa4cache mask carries its live identity (``__fa4cache_identity__``): used as is,
+  when fa4cache set it on that very function (not a copy a wrapper inherited);
+* an explicit ``__cute_hash__`` that the user set on the function (FA4's documented
+  override) is trusted; one copied by ``functools.wraps`` or answered by ``__getattr__`` is not;
 * anything else gets :func:`fa4cache.identity.current_digest`: its code and everything it
   reads, re-checked on every call, so a run-time change gets a new key;
 * code that no key can describe completely gets a *memory-only* hash
@@ -29,7 +31,7 @@ import weakref
 from typing import Any
 
 from fa4cache.errors import UnkeyableCode
-from fa4cache.identity import MEMORY_ONLY, current_digest, is_library_code
+from fa4cache.identity import MEMORY_ONLY, current_digest, fa4cache_identity, is_library_code, own_attr
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def _find_original() -> Any:
 def _user_cute_hash(base: Any) -> str | None:
     """``base.__cute_hash__`` when the user set it: FA4's own hash_callable also writes it
     (its memo), and that value -- source plus closure reprs -- is exactly the unsound key."""
-    value = getattr(base, "__cute_hash__", None)
+    value = own_attr(base, "__cute_hash__")
     if not isinstance(value, str):
         return None
     try:
@@ -110,9 +112,12 @@ def base_hash(func: Any) -> str:
     # not for a user's (its own code and state are more than the function it wraps).
     if base is not func and not is_library_code(func):
         base = func
+    # Only what fa4cache itself set on the function (a partial bound to it), or an attribute
+    # the user set on it: a functools.wraps copy or a __getattr__ delegate's is the inner
+    # mask's, and the wrapper's own code would never reach the key.
     for f in (func, base):
-        live = getattr(f, "__fa4cache_identity__", None)
-        if callable(live):
+        live = fa4cache_identity(f)
+        if live is not None:
             try:
                 return "fa4cache:" + str(live())
             except UnkeyableCode as e:

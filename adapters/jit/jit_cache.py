@@ -31,6 +31,7 @@ targets, without FA4's code-generation patches, which do not touch them.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import inspect
 import logging
@@ -52,7 +53,7 @@ from fa4cache.arch import parse_arch, resolved_arch, target_num_sms
 from fa4cache.errors import ConfigError, UnkeyableCode, UnstableKeyError
 from fa4cache.fingerprint import Toolchain, toolchain
 from fa4cache.hashing import encode_key, key_digest
-from fa4cache.identity import Identity, current
+from fa4cache.identity import Identity, current, library_class, value_identity
 from fa4cache.settings import Settings, setting
 from fa4cache.store import counters as _counters
 from fa4cache.store import runtime
@@ -193,19 +194,42 @@ def _backend(store: Store) -> Route:
 # Named tuples of this module encode under their own type names: never equal to a plain tuple.
 _Dataclass = namedtuple("_Dataclass", ["type", "fields"])
 _Dict = namedtuple("_Dict", ["items"])
+# A value the identity walker valued (a user class, enum, callable, config object): its digest.
+_Walked = namedtuple("_Walked", ["digest"])
 
 
-def _plain(value: Any) -> Any:
-    """Arguments as values :func:`encode_key` knows: a dataclass becomes its type and fields
-    (QuACK passes frozen config dataclasses), a list a tuple, a dict its sorted items."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value))
-        return _Dataclass(type(value), fields)
-    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
-        return tuple(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return _Dict(tuple(sorted((str(k), _plain(v)) for k, v in value.items())))
-    return value
+def _plain(value: Any, where: str, checks: list[Any] | None = None) -> Any:
+    """Arguments as values :func:`encode_key` knows: a dataclass of a library's (QuACK's
+    frozen configs) becomes its type and fields, a list a tuple, a dict its sorted items.
+    Anything the user defined -- a class, an enum member, a dataclass, a config object, a
+    callable -- is valued by the identity walker like a global the kernel reads (its class's
+    code and values included), never by its type's name. Raises
+    :class:`~fa4cache.errors.UnkeyableCode` when the walker cannot value it."""
+    if value is None or type(value) in (bool, int, float, str):  # not a user IntEnum member
+        return value
+    if isinstance(value, type) and library_class(value):
+        return value  # cutlass.BFloat16, a library's enum class
+    if isinstance(value, enum.Enum) and library_class(type(value)):
+        return value
+    t = type(value)
+    if t.__module__ == "torch" and t.__name__ in ("dtype", "device"):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and library_class(t):
+        fields = tuple(
+            (f.name, _plain(getattr(value, f.name), f"{where}.{f.name}", checks))
+            for f in dataclasses.fields(value)
+        )
+        return _Dataclass(t, fields)
+    if t in (tuple, list):
+        return tuple(_plain(v, f"{where}[{i}]", checks) for i, v in enumerate(value))
+    if t is dict:
+        return _Dict(tuple(sorted((str(k), _plain(v, f"{where}[{k!r}]", checks)) for k, v in value.items())))
+    if t is frozenset or (isinstance(value, tuple) and hasattr(value, "_fields") and library_class(t)):
+        return value
+    ident = value_identity(value, where)
+    if checks is not None:
+        checks.extend(ident.checks)
+    return _Walked(ident.digest)
 
 
 class JitState:
@@ -225,6 +249,7 @@ class JitState:
         # The identity the kernels in ``cache`` were compiled under: a memory hit re-checks it,
         # so a constant changed at run time compiles again instead of reusing the old kernel.
         self.watch: Identity | None = None
+        self._arg_checks: list[Any] = []
         self._caches: dict[int, StoreCompileCache] = {}
         self._store: Store | None = None
         self._warned = False
@@ -254,18 +279,33 @@ class JitState:
             raise TypeError(f"{self.qualified}: {e}") from None
         bound.apply_defaults()
         items = []
+        if self.watch is None or not self.watch.valid():
+            self._arg_checks = []  # the memory cache was cleared: its arguments' reads with it
+        arg_checks: list[Any] = []
         for name, value in bound.arguments.items():
-            v = _plain(value)
+            try:
+                v = _plain(value, name, arg_checks)
+            except UnkeyableCode as e:
+                # Compiled in memory only (miss): no key can say what this argument is.
+                raise UnkeyableCode(
+                    f"argument {name!r} ({type(value).__name__}): {e.reason}", name=e.name, fix=e.fix
+                ) from None
             try:
                 encode_key(v)
             except UnstableKeyError as e:
                 raise UnstableKeyError(
                     f"fa4cache.jit_cache({self.qualified}): argument {name!r} ({type(value).__name__}) has no "
                     f"stable encoding; pass numbers, strings, bools, None, types (dtypes), enums or tuples "
-                    f"/ frozen dataclasses of them ({e})"
+                    f"/ frozen dataclasses of them, or objects whose code and values fa4cache can follow ({e})"
                 ) from None
             items.append((name, v))
         src = None if self.library else "src:" + self.source()
+        if arg_checks:
+            # A memory hit re-checks what a walked argument read too (a class attribute changed).
+            self._arg_checks.extend(arg_checks)
+        if self._arg_checks:
+            fn_ident = self.watch or Identity("", ())
+            self.watch = Identity(fn_ident.digest, (*fn_ident.checks, *self._arg_checks))
         return (self.qualified, src, tuple(items))
 
     def entry(self, canonical: tuple[Any, ...]) -> EntryRef:

@@ -12,6 +12,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 import fa4cache
-from fa4cache.errors import UnstableKeyError
+from fa4cache.errors import UnkeyableCode
 from tests.conftest import ROOT, once_per_run, worker_env
 
 
@@ -292,18 +293,19 @@ class Config:
     stages: int = 2
 
 
-def test_unstable_argument_raises_before_compiling(kernels: Any, tmp_path: Path) -> None:
+def test_an_argument_no_key_can_value_is_named_and_kept_in_memory(kernels: Any, tmp_path: Path) -> None:
+    # Arguments are valued like the globals a kernel reads (issue 49): a callable by its code,
+    # a set by its items; what the walker cannot value makes the call memory-only, naming
+    # the argument (the miss path compiles it without a store key).
     fn = kernels.compile_scale
     st = fn.__fa4cache_jit__
-    fa4cache.install(tmp_path / "store")
-    try:
-        for bad in (object(), lambda: 0, {1, 2}, bytearray(b"x")):
-            with pytest.raises(UnstableKeyError, match="argument 'tag'"):
-                fn(kernels.DTYPES[0], 16, bad)
-        assert st.misses == 0  # nothing was compiled
-        assert not list((tmp_path / "store").glob("v2/*/*/*.o"))
-    finally:
-        fa4cache.uninstall()
+    for bad in (object(), bytearray(b"x"), threading.Lock()):
+        with pytest.raises(UnkeyableCode, match="argument 'tag'"):
+            st.canonical((kernels.DTYPES[0], 16, bad), {})
+    assert st.misses == 0  # nothing was compiled
+    one, two = (st.canonical((kernels.DTYPES[0], 16, f), {}) for f in (lambda: 1, lambda: 2))
+    assert one != two  # two lambdas: two codes
+    assert st.canonical((kernels.DTYPES[0], 16, {1, 2}), {}) != st.canonical((kernels.DTYPES[0], 16, {1, 3}), {})
 
 
 def test_keys_are_canonical_over_spellings_and_distinct_over_values(kernels: Any) -> None:

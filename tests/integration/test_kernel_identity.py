@@ -447,3 +447,35 @@ def test_a_constant_set_at_run_time_never_reaches_the_compile_server_as_other_co
     _side_by_side(_start(src, shared, ["ahead"]), _start(clean_src, clean, ["ahead"]))
     have, want = _entries(shared), _entries(clean)
     assert set(want) <= set(have) and all(have[k] == v for k, v in want.items())
+
+
+def _round_two_cases() -> dict[str, dict[str, tuple[str, str]]]:
+    """Issue 49's rows, as real cross-compiles: the file of variant B differs from A only in
+    which lambda runs, or in a value read through a library module."""
+    lambdas = (
+        "from identity_runner import fa4_forward\n"
+        "mask_a = lambda b, h, m_idx, n_idx, seqlen_info, aux_tensors: n_idx <= m_idx + 64; "
+        "mask_b = lambda b, h, m_idx, n_idx, seqlen_info, aux_tensors: n_idx <= m_idx + 128\n"
+        "def run():\n    fa4_forward({which})\n"
+    )
+    environ = (
+        "import os\nfrom identity_runner import fa4_forward\nos.environ['FA4CACHE_T49_W'] = '{w}'\n"
+        "def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):\n"
+        "    return n_idx <= m_idx + int(os.environ['FA4CACHE_T49_W'])\n"
+        "def run():\n    fa4_forward(mask_mod)\n"
+    )
+    return {
+        "raw_two_lambdas_one_line": {"MAIN": (lambdas.format(which="mask_a"), lambdas.format(which="mask_b"))},
+        "raw_os_environ": {"MAIN": (environ.format(w=64), environ.format(w=128))},
+    }
+
+
+def test_lambdas_by_their_code_and_library_reads_in_memory(tmp_path: Path) -> None:
+    # The key once held the lambdas' shared line and "<lambda>", and os.environ ended "by
+    # name" at a library module: process 2 compiled nothing and loaded variant A's bytes.
+    runs = _check(tmp_path, _round_two_cases())
+    second = runs["second"]
+    assert second["raw_two_lambdas_one_line"]["compiles"] >= 1, second
+    for run in ("first", "second"):
+        assert runs[run]["raw_os_environ"]["memory_only_compiles"] >= 1, runs[run]
+        assert runs[run]["raw_os_environ"]["disk_hits"] == 0, runs[run]
