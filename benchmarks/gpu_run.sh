@@ -15,10 +15,6 @@
 #                (GENERATION_BUDGET seconds, default 180; GENERATION_TESTS=0: no tests;
 #                GENERATION_ARGS: the benchmark's options; GENERATION_BENCH=0: tests only)
 #   TRANSFORMERS_WHEEL=path/to/transformers-X.whl (relative to the repo): every part on that transformers
-#   PART=profile  where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS)
-#   PART=ladder   an eager decode step part by part (benchmarks/profile_decode_ladder.py; LADDER_ARGS)
-#   PART=ranges   the eager step's key ranges in situ, the static compiled path's null bound (probe_decode_ranges.py)
-#   PART=onerow  eager batch-1 generate by phase, the one-row path on and off (probe_one_row.py; ONEROW_ARGS)
 #   PART=split    split decoding's attention in CUDA graphs against unsplit and sdpa (bench_decode_split.py)
 #   PART=releases  per FA4 release in FA4_RELEASES (default "4.0.0b36 4.0.0b40"): switch FA4
 #                (.gpu/b/use-fa4.sh), the mask GPU tests (RELEASE_TESTS_K: pytest -k), the transformers GPU
@@ -27,6 +23,8 @@
 #   PART=autotune  FA4 4.0.0b40's autotuner under fa4cache: two processes, one store (bench_autotune.py)
 #   PART=transformers  training-step benchmark through transformers (fa4cache vs sdpa vs flex;
 #                TRANSFORMERS_ARGS: its options, several runs separated by ';')
+# The decode probes and profiles (profile/ladder/ranges/onerow) are archived, not run here:
+# benchmarks/archive/2026-12-03/README.md.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 parts=" ${*:-all} "
@@ -151,25 +149,8 @@ if has generation; then
     timeout $(( gbudget + 90 )) python3 benchmarks/bench_generation.py --budget "$gbudget" ${GENERATION_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
   fi
 fi
-if has ladder; then
-  # shellcheck disable=SC2086
-  timeout ${LADDER_TIMEOUT:-330} python3 benchmarks/profile_decode_ladder.py ${LADDER_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
-fi
-if has ranges; then
-  # shellcheck disable=SC2086
-  timeout ${RANGES_TIMEOUT:-420} python3 benchmarks/probe_decode_ranges.py ${RANGES_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
-fi
-if has onerow; then
-  # shellcheck disable=SC2086
-  timeout ${ONEROW_TIMEOUT:-420} python3 benchmarks/probe_one_row.py ${ONEROW_ARGS:-} 2>&1 | grep -v Warning | tail -20 | tee -a "$out/run.log"
-fi
 if has split; then
   timeout ${SPLIT_TIMEOUT:-240} python3 benchmarks/bench_decode_split.py 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
-fi
-if has profile; then
-  # Where an eager decode step spends its time (benchmarks/profile_decode.py; PROFILE_ARGS: its options).
-  # shellcheck disable=SC2086
-  timeout ${PROFILE_TIMEOUT:-300} python3 benchmarks/profile_decode.py ${PROFILE_ARGS:-} 2>&1 | grep -v Warning | tail -150 | tee -a "$out/run.log"
 fi
 if has varlen; then
   timeout 560 python3 benchmarks/bench_varlen.py 2>&1 | tail -60 | tee -a "$out/run.log"

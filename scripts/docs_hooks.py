@@ -2,9 +2,10 @@
 
 * A mkdocs hook: the settings reference (``docs/settings.md``) gets its table from the one
   declaration in ``fa4cache/settings.py`` at every build, and the CLI reference
-  (``docs/cli.md``) its per-command flags from the CLI's argparse parser; the benchmark tables in
-  ``benchmarks/results/`` (tables, logs, profiles) and ``CHANGELOG.md`` become pages of the site, so that links
-  to them are checked by ``mkdocs build --strict`` like any other.
+  (``docs/cli.md``) its per-command flags from the CLI's argparse parser; the current benchmark
+  tables and logs in ``benchmarks/results/`` and ``CHANGELOG.md`` become pages of the site, so
+  that links to them are checked by ``mkdocs build --strict`` like any other. Only that folder:
+  ``benchmarks/archive/`` (superseded numbers, not maintained) stays out of the site.
 * A griffe extension for mkdocstrings: ``adapters/`` and ``ray_integration/`` install as
   ``fa4cache.adapters`` and ``fa4cache.ray_integration`` (``pyproject.toml``'s package-dir),
   which griffe cannot find by walking ``fa4cache/``; the extension loads them there, so the
@@ -52,8 +53,10 @@ def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     extra = [(ROOT / "CHANGELOG.md", "changelog.md")]
-    results = sorted((ROOT / "benchmarks" / "results").iterdir())
-    extra += [(p, f"results/{p.name}") for p in results if p.suffix in (".md", ".log", ".txt")]
+    results = sorted((ROOT / "benchmarks" / "results").iterdir())  # not benchmarks/archive/
+    extra += [
+        (p, f"results/{p.name}") for p in results if p.is_file() and p.suffix in (".md", ".log", ".txt")
+    ]
     for path, uri in extra:
         files.append(File.generated(config, uri, abs_src_path=str(path)))
     return files
