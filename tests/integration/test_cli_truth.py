@@ -267,7 +267,8 @@ def test_version_and_cache_dir_after_the_subcommand(tmp_path: Path) -> None:
 
     env = worker_env(tmp_path / "unused")
     p = cli("--version", env=env)
-    assert p.returncode == 0 and p.stdout.strip() == f"fa4cache {__version__}"
+    # fa4cache's version, then the FA4 release and whether fa4cache was verified on it.
+    assert p.returncode == 0 and p.stdout.strip().startswith(f"fa4cache {__version__}; flash-attn-4 "), p.stdout
     d = tmp_path / "c"
     _publish(d, OLD, "fwd", 1)
     for args in (["stats", "--cache-dir", str(d), "--json"], ["--cache-dir", str(d), "stats", "--json"]):

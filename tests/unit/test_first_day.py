@@ -263,7 +263,9 @@ def test_the_version_names_the_build_from_a_checkout_and_the_release_elsewhere(t
     p = subprocess.run(
         [sys.executable, "-m", "fa4cache", "--version"], cwd=tmp_path, capture_output=True, text=True
     )
-    assert p.returncode == 0 and re.fullmatch(f"fa4cache {want}", p.stdout.strip()), p.stdout + p.stderr
+    assert p.returncode == 0 and re.fullmatch(f"fa4cache {want}; flash-attn-4 .*", p.stdout.strip()), (
+        p.stdout + p.stderr
+    )
     # `import fa4cache` asks git nothing; the version is computed when first read.
     spy = (
         "import subprocess, sys\n"
