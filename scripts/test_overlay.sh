@@ -41,16 +41,18 @@ if [ ! -f "$dir/complete" ]; then
 fi
 site=$PWD/$dir/site
 PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} "$python" - "${reqs[@]}" <<'EOF'
+import re
 import sys
 from importlib.metadata import version
 
 # The overlay must be what Python imports: a pin that is not would test the wrong version.
 for req in sys.argv[1:]:
-    name, sep, want = req.partition("==")
-    have = version(name.strip())
-    if sep and have != want.strip():
-        sys.exit(f"overlay: {name} imports as {have}, not {want}: is it installed in a way PYTHONPATH cannot shadow?")
-    print(f"overlay: {name.strip()} {have}")
+    name = re.match(r"[A-Za-z0-9._-]+", req).group(0)
+    pin = re.fullmatch(r"[A-Za-z0-9._-]+\s*==\s*(\S+)", req)
+    have = version(name)
+    if pin and have != pin.group(1):
+        sys.exit(f"overlay: {name} imports as {have}, not {pin.group(1)}: installed where PYTHONPATH cannot shadow it?")
+    print(f"overlay: {name} {have}")
 EOF
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 exec "$python" -m pytest "$@"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import subprocess
 import sys
@@ -836,6 +837,8 @@ def _calls_the_interface(family: str) -> bool:
 
 
 def _same_as_eager_and_sdpa(cfg: Any) -> None:
+    import copy
+
     from transformers import AutoModel
 
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -844,7 +847,7 @@ def _same_as_eager_and_sdpa(cfg: Any) -> None:
     out = {}
     for impl in ("eager", "sdpa", "fa4cache"):
         torch.manual_seed(0)
-        model = AutoModel.from_config(cfg, attn_implementation=impl, dtype=torch.float32).eval()
+        model = AutoModel.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32).eval()
         with torch.no_grad():
             out[impl] = model(input_ids=ids, attention_mask=att).last_hidden_state[att.bool()]
     torch.testing.assert_close(out["fa4cache"], out["eager"], atol=1e-5, rtol=1e-5)
@@ -856,6 +859,8 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
     # to the mask it got from the mask hook: for fa4cache the 2-D padding mask, so the 4-D mask
     # the layer got had no causal rule (batch 1: 1.65 off eager). Refused by name; rotary
     # Falcon (the default) matches eager and sdpa, packed too.
+    import copy
+
     from transformers import AutoModel, FalconConfig
 
     if not _calls_the_interface("falcon"):
@@ -876,19 +881,23 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
         _same_as_eager_and_sdpa(cfg)
         lens = [*_packing(zlib.crc32(str(arch).encode())), 1]
         torch.manual_seed(0)
-        got = AutoModel.from_config(cfg, attn_implementation="fa4cache").eval()
+        got = AutoModel.from_config(copy.deepcopy(cfg), attn_implementation="fa4cache").eval()
         torch.manual_seed(0)
-        ref = AutoModel.from_config(cfg, attn_implementation="eager").eval()
+        ref = AutoModel.from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
         ids = torch.randint(0, 97, (1, sum(lens)))
         pos = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
         cu = [0, *itertools.accumulate(lens)]
         with torch.no_grad():
             packed = got(input_ids=ids, position_ids=pos).last_hidden_state[0]
             alone = torch.cat([ref(input_ids=ids[:, a:b]).last_hidden_state[0] for a, b in zip(cu[:-1], cu[1:])])
-        torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5, msg=lambda m: f"lens {lens}: {m}")
+        torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5, msg=lambda m, lens=lens: f"lens {lens}: {m}")
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("FA4CACHE_MODEL_SWEEP") != "1",
+    reason="the sweep over every model family takes 35-45 min on 2 cores: FA4CACHE_MODEL_SWEEP=1 runs it",
+)
 def test_every_registered_model_family_is_refused_by_name_or_matches_eager(
     adapter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
