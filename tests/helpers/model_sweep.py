@@ -152,7 +152,7 @@ def check(family: str, calls: Counter[str]) -> Outcome:
     except ValueError as e:
         msg = str(e)
         # (A composite model is refused by the part that has attention code of its own.)
-        if "fa4cache" in msg and "'eager'" in msg and "Attention" in msg and "Model" in msg:
+        if "'eager'" in msg and "does not call transformers' attention interface" in msg:
             return Outcome(family, "refused", msg.split(";")[0][:200])
         return Outcome(family, "refused without a name", msg[:200])
     except Exception as e:

@@ -924,3 +924,19 @@ def test_every_registered_model_family_is_refused_by_name_or_matches_eager(
     print(f"transformers {transformers.__version__}:", ", ".join(f"{v} {counts[v]}" for v in model_sweep.VERDICTS))
     bad = [o for o in outcomes if o.verdict in model_sweep.BAD]
     assert not bad, "\n".join(f"{o.family}: {o.verdict}: {o.detail}" for o in bad)
+
+
+def test_an_encoder_passing_its_own_one_row_mask_still_matches_eager(adapter: Any) -> None:
+    # LayoutLM builds its own [B, 1, 1, T] additive padding mask and says nothing of causality:
+    # the ALiBi guard (a layer that says is_causal=True) must not refuse it (a first version did).
+    from transformers import LayoutLMConfig, LayoutLMModel
+
+    cfg = LayoutLMConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=97)
+    ref, got = _pair(LayoutLMModel, cfg)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    att = torch.ones(2, 9, dtype=torch.long)
+    att[1, 6:] = 0
+    with torch.no_grad():
+        b = got(input_ids=ids, attention_mask=att).last_hidden_state[att.bool()]
+        a = ref(input_ids=ids, attention_mask=att).last_hidden_state[att.bool()]
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
