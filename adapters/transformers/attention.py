@@ -198,6 +198,15 @@ def _attention_forward(
                 query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
                 generation.first_of_its_kind(module, compiled), compiled,
             ), None  # fmt: skip
+    elif _own_terms_without_causality(
+        attention_mask, is_causal if is_causal is not None else getattr(module, "is_causal", None), q.shape[1], k.shape[1]
+    ):
+        raise ValueError(
+            f"fa4cache attention: {type(module).__name__} adds terms of its own to the attention mask (one "
+            "row for all queries: ALiBi or another position bias) on top of fa4cache's 2-D padding mask, "
+            "which holds no causal rule, so its layers would attend future tokens; load the model with "
+            "attn_implementation='eager' or 'sdpa'"
+        )
     elif dropout:
         why = "attention dropout"
     elif attention_mask is not None and attention_mask.dim() != 2:
@@ -245,6 +254,24 @@ def _attention_forward(
         q, k, v, source, kind, causal, window, scale, float(softcap or 0.0), max_seqlen
     )
     return out, None
+
+
+def _own_terms_without_causality(attention_mask: Any, causal: bool | None, tq: int, tk: int) -> bool:
+    """Whether a layer that says it is causal (``is_causal``: True, not the adapter's default for
+    layers that say nothing: BERT-style encoders, LayoutLM and MarkupLM, pass their own one-row
+    padding masks and are not causal) got, over more than one query, an additive 4-D mask with
+    one row for all its queries. transformers' masks for eager and sdpa have a row per query
+    (the causal rule is in them); such a mask is a model's own terms added to what the mask
+    hook returned for fa4cache, the 2-D padding mask (transformers 5.25's ALiBi Falcon:
+    1.65 off eager at batch 1). Read as the whole rule, as a 4-D mask is, it attends the future."""
+    return (
+        causal is True
+        and tq == tk > 1
+        and attention_mask is not None
+        and attention_mask.dim() == 4
+        and attention_mask.is_floating_point()
+        and attention_mask.shape[-2] == 1
+    )
 
 
 def _cross_attention(module: Any) -> bool:

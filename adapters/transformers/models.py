@@ -1,8 +1,10 @@
 """Which models ``"fa4cache"`` may be set on: those whose attention layers call transformers'
 attention interface. transformers accepts any registered name for any model; a model with
-its own attention code (Bloom, MPT, XGLM, GPT-NeoX-Japanese, Falcon, GPT-Neo) never calls
-fa4cache's attention, and reads the hook's 2-D padding mask as its own 4-D one: wrong
-results (Bloom 0.016 off, MPT 0.3 off at batch 1), shape errors, or a bare ``KeyError``."""
+its own attention code (Bloom, MPT, XGLM, GPT-NeoX-Japanese, GPT-Neo; Falcon before 5.25) never
+calls fa4cache's attention, and reads the hook's 2-D padding mask as its own 4-D one: wrong
+results (Bloom 0.016 off, MPT 0.3 off at batch 1), shape errors, or a bare ``KeyError``.
+Which models those are is read from the installed transformers' code, never from a list of
+names here: a release that moves a model to the interface (5.25's Falcon) needs no edit."""
 
 from __future__ import annotations
 
