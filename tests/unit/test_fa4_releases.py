@@ -187,13 +187,13 @@ print("RESULT " + json.dumps({"version": fa4_releases.installed().version, "tool
 
 def test_a_store_across_an_fa4_upgrade_misses_cleanly_and_doctor_says_why(tmp_path: Any) -> None:
     # This process's FA4 and the venv's own (the overlay of another release taken off the
-    # path): run under tests/test_against.sh with the other release, the two differ.
+    # path): run under scripts/test_overlay.sh with the other release, the two differ.
     import os
 
     env = worker_env(tmp_path / "store", FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a")
     venv_only = dict(env)
     venv_only["PYTHONPATH"] = os.pathsep.join(
-        p for p in env["PYTHONPATH"].split(os.pathsep) if "/.overlays/" not in p
+        p for p in env["PYTHONPATH"].split(os.pathsep) if "/build/overlay/" not in p
     )
 
     def record(e: dict[str, str]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def test_a_store_across_an_fa4_upgrade_misses_cleanly_and_doctor_says_why(tmp_pa
 
     here, venv = record(env), record(venv_only)
     if here["version"] == venv["version"]:
-        pytest.skip("one FA4 release here: run with scripts/test_against.sh and another release")
+        pytest.skip("one FA4 release here: run with scripts/test_overlay.sh and another release")
     assert here["toolchain"] != venv["toolchain"]  # every key of one misses under the other
     doctor = subprocess.run(
         [sys.executable, "-m", "fa4cache", "doctor"],
