@@ -128,7 +128,7 @@ def vmap_reason(kwargs: dict[str, Any]) -> str | None:
 # tests/unit/test_mask_functions.py fails when a new one appears).
 BLOCK_FAMILIES = (
     "deepseek_ocr2", "diffusion_gemma", "gemma3", "gemma4", "gemma4_unified", "git", "hrm_text",
-    "molmo2", "paligemma", "pi0", "unlimited_ocr",
+    "molmo2", "paligemma", "pi0", "pi05", "unlimited_ocr",
 )  # fmt: skip
 # The configs of models of those families built with "fa4cache" (id -> weak reference): a
 # wrapper hands its mask maker a text config of another family's type (PaliGemma's is
