@@ -137,10 +137,19 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     if args.keep_unverified and not args.verify:
         raise ConfigError("--keep-unverified only makes sense with --verify")
-    store = Store(writable_store_settings(args))
+    settings = writable_store_settings(args)
+    path = _bundle_path(args.file)
+    if not settings.cache_dir.exists():
+        # Opening the store creates it: a bundle that fails its checks (missing, empty,
+        # truncated) must leave no empty store behind, so it is checked whole first.
+        from fa4cache.store.bundle import show_bundle
+        from fa4cache.store.secure_io import owners
+
+        show_bundle(path, owners(settings.trusted_uids))
+    store = Store(settings)
     if args.verify:
         return _import_rebuilt(args, store)
-    r = import_bundle(store, _bundle_path(args.file))
+    r = import_bundle(store, path)
     busy = f", {r.busy} being compiled here (skipped)" if r.busy else ""
     print(
         f"imported {r.imported} of {r.entries} entries into {store.root} ({r.present} already there{busy}); "

@@ -330,3 +330,26 @@ def test_import_verify_refuses_what_it_could_not_rebuild_and_publishes_nothing(t
     assert r.returncode == 0 and "imported 2 of 2" in r.stdout and "2 NOT verified" in r.stdout, r.stdout
     assert len(_entries(tmp_path / "b")) == 2
     assert run_cli(tmp_path / "c", "bundle", "import", "--keep-unverified", str(bundle)).returncode == 2
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated"])
+def test_a_failed_import_leaves_no_store_behind(tmp_path: Path, damage: str) -> None:
+    # A newcomer's mistyped or broken bundle: refused, and the store it named is not created.
+    from fa4cache.store.bundle import export_bundle
+    from fa4cache.store.store import Store
+    from tests.conftest import run_cli
+    from tests.helpers.fake_compiler import FakeFA4
+
+    src = tmp_path / "src"
+    FakeFA4(Store(cache_dir=src), "fwd").call(1, 1)
+    good = tmp_path / "good.fa4b"
+    export_bundle(src, good)
+    bad = tmp_path / "bad.fa4b"
+    if damage == "empty":
+        bad.write_bytes(b"")
+    elif damage == "truncated":
+        bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    target = tmp_path / "new-store"
+    r = run_cli(target, "bundle", "import", str(bad))
+    assert r.returncode != 0, r.stdout
+    assert not target.exists(), sorted(str(p) for p in target.rglob("*"))
