@@ -20,7 +20,6 @@ from fa4cache.adapters.fa4.key_names import summary
 
 from fa4cache.arch import num_sms_or_none, resolved_arch
 from fa4cache.fingerprint import Toolchain, runtime_facts, toolchain
-from fa4cache.hashing import encode_key, key_digest
 from fa4cache.store import runtime
 from fa4cache.store.locks import release
 from fa4cache.store.maintenance import enforce_cap
@@ -70,9 +69,7 @@ class Route:
         if pending is None:
             # A kernel set without a preceding miss (FA4 paths that compile without asking):
             # still persist it, but only if nobody else is publishing it right now.
-            encoded = encode_key(key)
-            tc = self.toolchain().id
-            ref = EntryRef(tc, cache.kind, key_digest(tc, cache.kind, encoded))
+            encoded, ref = cache.entry(key)
             lock = store.acquire(ref.digest, timeout=0) if store.writable else None
             try:
                 self._export(cache, fn, ref, encoded, None)

@@ -82,6 +82,27 @@ def run_worker(cache_dir: Path, *args: str, **env: str) -> dict[str, Any]:
     return finish(start_worker(cache_dir, *args, **env))
 
 
+def run_results(
+    module: str, cache_dir: Path, *args: str, timeout: float = 900, **env: str
+) -> list[dict[str, Any]]:
+    """``python -m module ARGS`` against the store ``cache_dir``: every ``RESULT`` line it
+    printed, in order, each with the process's stderr (a worker that prints one per step)."""
+    p = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=worker_env(cache_dir, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    rows = [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert rows, p.stdout[-3000:] + p.stderr[-3000:]
+    for row in rows:
+        row["stderr"] = p.stderr
+    return rows
+
+
 def run_cli(
     cache_dir: Path, *args: str, input: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -130,7 +151,9 @@ def doc_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """
 
     def build(folder: Path) -> dict[str, Any]:
-        return run_worker(folder / "cache", "geometries", "--geometries", "20", "--seed", "7", PYTHONHASHSEED="1")
+        return run_worker(
+            folder / "cache", "geometries", "--geometries", "20", "--seed", "7", PYTHONHASHSEED="1"
+        )
 
     folder, res = once_per_run(tmp_path_factory, "doc_store", build)
     return {"dir": folder / "cache", "result": res}

@@ -69,6 +69,7 @@ def fa4_probe_active() -> bool:
     probe = getattr(sys.modules.get(INTERFACE), "_compile_misses", None)
     return probe is not None and probe.get() is not None
 
+
 def select(selector: Callable[[StoreCompileCache, Any], bool] | None) -> Any:
     """Set this thread's selector (returns the previous one): for a key not in memory,
     ``selector(cache, key)`` answers ``key in cache`` instead of the miss path. Under
@@ -188,20 +189,23 @@ class StoreCompileCache:
             self._inst.store.count_memory_hits(self.kind, n)
 
     # -- miss path ------------------------------------------------------------------
-    def ref(self, key: Any) -> EntryRef:
+    def entry(self, key: Any) -> tuple[str, EntryRef]:
+        """The key's canonical text and its store entry (raises what encoding raises)."""
+        encoded = encode_key(key)
         tc = self._inst.toolchain().id
-        return EntryRef(tc, self.kind, key_digest(tc, self.kind, encode_key(key)))
+        return encoded, EntryRef(tc, self.kind, key_digest(tc, self.kind, encoded))
+
+    def ref(self, key: Any) -> EntryRef:
+        return self.entry(key)[1]
 
     def _encoded(self, key: Any) -> tuple[str, EntryRef] | None:
-        """The key's text and entry, or None (fail open: the key is then memory-only)."""
+        """:meth:`entry`, or None (fail open: the key is then memory-only)."""
         try:
-            encoded = encode_key(key)
-            tc = self._inst.toolchain().id
+            return self.entry(key)
         except Exception as e:
             self._unkeyed.add(key)
             fail_open.failed(Stage.KEY, e, what=f"a {self.kind} kernel", store=self._inst.store)
             return None
-        return encoded, EntryRef(tc, self.kind, key_digest(tc, self.kind, encoded))
 
     def _probe(self, key: Any) -> bool:
         """FA4's compile-miss probe (4.0.0b40's ``_needs_compile`` under ``_compile_misses``)
@@ -265,8 +269,12 @@ class StoreCompileCache:
         try:
             art = store.load(ref, remote=remote)
         except Exception as e:
-            fail_open.failed(Stage.REMOTE if remote and store.remote is not None else Stage.STORE_READ, e,
-                             what=f"a {self.kind} kernel", store=store)
+            fail_open.failed(
+                Stage.REMOTE if remote and store.remote is not None else Stage.STORE_READ,
+                e,
+                what=f"a {self.kind} kernel",
+                store=store,
+            )
             return False
         if art is None:
             return False

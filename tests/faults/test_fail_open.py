@@ -7,15 +7,12 @@ the supported range (.ci/run); the table is printed at the end of the run.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, worker_env
+from tests.conftest import run_results
 
 pytestmark = [pytest.mark.compile, pytest.mark.xdist_group("fail_open")]
 
@@ -26,23 +23,10 @@ ALONE = ["remote tier", "patch"]
 
 
 def _run(stages: list[str], store: Path) -> dict[str, dict[str, Any]]:
-    env = worker_env(store)
-    env["FA4CACHE_COMPILE_AHEAD"] = "0"  # no background compiles of backward kernels
-    p = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.fail_open_worker", *stages],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    rows = {}
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            row = json.loads(line[len("RESULT ") :])
-            rows[row["stage"]] = row
-    assert p.returncode == 0 and len(rows) == len(stages), p.stdout[-3000:] + p.stderr[-3000:]
-    return rows
+    # No background compiles of backward kernels: each stage's one forward is what is judged.
+    rows = run_results("tests.helpers.fail_open_worker", store, *stages, FA4CACHE_COMPILE_AHEAD="0")
+    assert [r["stage"] for r in rows] == stages, rows
+    return {r["stage"]: r for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +55,9 @@ def test_a_failing_stage_runs_fa4_as_without_fa4cache(
     rows: dict[str, dict[str, Any]], stage: str, record: Any
 ) -> None:
     row = rows[stage]
-    record(f"fail open: {stage}", "the stage raises", f"error={row['error']}; warnings={len(row['warnings'])}")
+    record(
+        f"fail open: {stage}", "the stage raises", f"error={row['error']}; warnings={len(row['warnings'])}"
+    )
     assert row["error"] is None, row
     assert row["returned"] == _expected(row)
     named = [w for w in row["warnings"] if f"{stage} failed" in w]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, run_results, worker_env
 
 
 def _autotuner_here() -> str | None:
@@ -39,22 +39,7 @@ DEFAULT_AND_VARIANT = [
 
 
 def _worker(store: Path, *args: str) -> list[dict[str, Any]]:
-    env = worker_env(store)
-    env["FA4CACHE_COMPILE_AHEAD"] = "0"
-    p = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.autotune_worker", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    rows = [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert rows, p.stdout[-3000:] + p.stderr[-3000:]
-    for row in rows:
-        row["stderr"] = p.stderr
-    return rows
+    return run_results("tests.helpers.autotune_worker", store, *args, FA4CACHE_COMPILE_AHEAD="0")
 
 
 def _tune(store: Path, *steps: tuple[Any, ...]) -> list[dict[str, Any]]:
