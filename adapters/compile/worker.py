@@ -25,6 +25,7 @@ waits for its children (a kernel half-compiled is a kernel lost), then exits.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -222,6 +223,11 @@ def serve() -> None:
     reported; one thread throughout (children are forked from it)."""
     import selectors
 
+    # Everything imported so far (torch, FA4, the DSL: most of the heap) moves out of the
+    # collector's reach: a child's collections then neither scan it nor write to its pages,
+    # which the fork shares (each write would copy a page). A child's compile is mostly the
+    # DSL tracing Python, which collects often.
+    gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ, None)
     children: dict[int, int] = {}  # read end -> pid

@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import io
 import json
 import logging
 import os
+import re
+import tokenize
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,24 +34,52 @@ def kind_for(entry_point: str) -> str:
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
 
 
+_KEY = re.compile(r"^([ \t]*)compile_key\s*=\s*\(", re.M)
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
+
+
 @functools.lru_cache(maxsize=8)
 def _parse(path: str, stamp: tuple[int, int]) -> dict[str, list[tuple[str, ...]]]:
+    """Each ``compile_key = (...)`` tuple of the file, by the function that builds it. Only
+    those statements are parsed (found by their text, cut at the closing parenthesis by
+    Python's tokenizer): a whole FA4 module takes seconds to parse on a busy host, and this
+    runs at a step's first miss."""
     del stamp  # the cache key: a new FA4 file is parsed again
     with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+        text = f.read()
+    defs = [(m.start(), len(m.group(1).expandtabs()), m.group(2)) for m in _DEF.finditer(text)]
     out: dict[str, list[tuple[str, ...]]] = {}
-    for fn in ast.walk(tree):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    for m in _KEY.finditer(text):
+        indent = len(m.group(1).expandtabs())
+        owner = next((name for at, ind, name in reversed(defs) if at < m.start() and ind < indent), None)
+        statement = _statement(text, m.start() + len(m.group(1)))
+        if owner is None or statement is None:
             continue
-        for node in ast.walk(fn):
-            if (
-                isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "compile_key" for t in node.targets)
-                and isinstance(node.value, ast.Tuple)
-            ):
-                names = tuple(ast.unparse(e) for e in node.value.elts)
-                out.setdefault(kind_for(fn.name), []).append(names)
+        node = ast.parse(statement).body[0]
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
+            names = tuple(ast.unparse(e) for e in node.value.elts)
+            out.setdefault(kind_for(owner), []).append(names)
     return out
+
+
+def _statement(text: str, start: int) -> str | None:
+    """The source of the statement that starts at ``start``: up to its first newline outside
+    brackets (strings and comments read as the tokenizer reads them)."""
+    depth = 0
+    lines = io.StringIO(text[start:]).readline
+    try:
+        for tok in tokenize.generate_tokens(lines):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+            elif tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER) and depth == 0:
+                row, col = tok.end
+                body = text[start:].splitlines(keepends=True)
+                return "".join(body[: row - 1]) + body[row - 1][:col]
+    except (tokenize.TokenError, SyntaxError, IndexError):
+        return None
+    return None
 
 
 def _tables() -> dict[str, list[tuple[str, ...]]]:
