@@ -2,6 +2,8 @@
 after the imports (GPU).
 
     python benchmarks/_cold_step.py MODE PATH T
+
+Heads, KV heads and head dim come from COLD_HEADS, COLD_KV_HEADS, COLD_D (default 16, 16, 128).
 MODE: fa4cache (install(); FA4CACHE_COMPILE_AHEAD from the environment) or fa4own (FA4's own
 disk cache, set up by the parent). PATH: varlen (fa4cache.attention) or dense (FA4's
 flash_attn_func with the mask's kwargs). Waits for $WAIT_FILE after its imports, prints
@@ -17,7 +19,9 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore")
+t_start = time.perf_counter()
 mode, path, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
+H, HKV, D = (int(os.environ.get(v, d)) for v, d in (("COLD_HEADS", 16), ("COLD_KV_HEADS", 16), ("COLD_D", 128)))
 if mode == "fa4cache":
     import fa4cache
 
@@ -50,10 +54,10 @@ from fa4cache.masks import make_document_mask  # noqa: E402
 lens = [T // 4, T // 2, T // 4]
 cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
 mask = make_document_mask(cu, seqlen=T)
-q, k, v = (
-    torch.randn(1, T, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
-)
+q = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+k, v = (torch.randn(1, T, HKV, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
 torch.cuda.synchronize()
+import_s = time.perf_counter() - t_start
 print("READY", flush=True)
 if os.environ.get("WAIT_FILE"):
     while not os.path.exists(os.environ["WAIT_FILE"]):
@@ -77,7 +81,7 @@ first = step()
 second = step()
 res = {
     "mode": mode, "path": path, "first_s": first, "second_s": second, "compiles": compiles["n"],
-    "compile_s": compiles["s"], "go_at": go_at,
+    "compile_s": compiles["s"], "go_at": go_at, "import_s": import_s,
 }  # fmt: skip
 if mode == "fa4cache":
     store.counters.flush()
