@@ -939,7 +939,7 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("FA4CACHE_MODEL_SWEEP") != "1",
-    reason="the sweep over every model family takes 35-45 min on 2 cores: FA4CACHE_MODEL_SWEEP=1 runs it",
+    reason="the sweep over every model family takes 30-45 min on 2 cores: FA4CACHE_MODEL_SWEEP=1 runs it",
 )
 def test_every_registered_model_family_is_refused_by_name_or_matches_eager(
     adapter: Any, monkeypatch: pytest.MonkeyPatch
