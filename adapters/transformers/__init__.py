@@ -63,7 +63,7 @@ from .common import warned as _warned  # noqa: F401  (tests clear it)
 from .fallback import fallback as _fallback  # noqa: F401
 from .generation import allow_continuous_batching
 from .masks import padding_mask
-from .models import refuse_models_outside_the_interface
+from .models import read_layer_causality, refuse_models_outside_the_interface
 
 __all__ = ["NAME", "attention_forward", "padding_mask", "register"]
 
@@ -93,6 +93,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
         AttentionMaskInterface.register(name, padding_mask)
     allow_continuous_batching()
     refuse_models_outside_the_interface()
+    read_layer_causality()
     warn_while_tracing_too()
     if fix_flash_attention_4:
         _fix_flash_attention_4()

@@ -143,7 +143,9 @@ def mark_block_family(model: Any) -> None:
     import weakref
 
     families = {
-        c.__module__.split(".")[2] for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")
+        c.__module__.split(".")[2]
+        for c in type(model).__mro__
+        if c.__module__.startswith("transformers.models.")
     }
     config = getattr(model, "config", None)
     if config is None or families.isdisjoint(BLOCK_FAMILIES):
@@ -166,3 +168,67 @@ def block_family(config: Any) -> bool:
         return True
     model_type = getattr(config, "model_type", None) or ""
     return any(model_type == f or model_type.startswith(f + "_") for f in BLOCK_FAMILIES)  # gemma3_text
+
+
+# What the attention layers of a model built with "fa4cache" say of their causality, by the
+# config object they hold (id -> (weak reference, True: all say causal, False: all say not)).
+# The FA4 path takes causality from the layer (``is_causal``, True where a layer says
+# nothing), as transformers' flash attention does; eager and sdpa take it from the mask the
+# model built. Where the two disagree (PEGASUS-X's and NLLB-MoE's decoders and PaliGemma's
+# Gemma say is_causal=False under a causal mask; Splinter's layers say nothing under a
+# bidirectional one), only the mask is what eager computes.
+_LAYER_CAUSALITY: dict[int, tuple[Any, bool]] = {}
+_CALLS_THE_INTERFACE: dict[type, bool] = {}
+
+
+def mark_layer_causality(model: Any) -> None:
+    """Remember, for each config object ``model``'s attention layers hold, whether all of them
+    say they are causal or all say they are not (mixed: nothing is remembered; an
+    encoder-decoder's layers share one config). Attention layers are the modules whose
+    ``forward`` names ``ALL_ATTENTION_FUNCTIONS`` (read from its code object)."""
+    import weakref
+
+    said: dict[int, tuple[Any, set[bool]]] = {}
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is None or not _calls_the_interface(type(m)):
+            continue
+        claim = getattr(m, "is_causal", True)  # (the adapter's reading of a layer that says nothing)
+        if isinstance(claim, bool):
+            said.setdefault(id(config), (config, set()))[1].add(claim)
+    for dead in [k for k, (ref, _) in _LAYER_CAUSALITY.items() if ref() is None]:
+        del _LAYER_CAUSALITY[dead]
+    for key, (config, claims) in said.items():
+        if len(claims) == 1:
+            _LAYER_CAUSALITY[key] = (weakref.ref(config), claims.pop())
+        else:
+            _LAYER_CAUSALITY.pop(key, None)
+
+
+def _calls_the_interface(cls: type) -> bool:
+    hit = _CALLS_THE_INTERFACE.get(cls)
+    if hit is None:
+        import inspect
+
+        forward = getattr(cls, "forward", None)
+        # (Under transformers' decorators, deprecate_kwarg's and others: functools.wraps.)
+        code = getattr(inspect.unwrap(forward), "__code__", None) if callable(forward) else None
+        hit = code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+        _CALLS_THE_INTERFACE[cls] = hit
+    return hit
+
+
+def causality_disagrees(kwargs: dict[str, Any]) -> str | None:
+    """Why the mask asked for is not the one the FA4 path would read from the layers that get
+    it (None: it is). The mask makers that build a bidirectional mask are the only ones that
+    pass ``allow_is_bidirectional_skip``; the others build causal ones (chunked, sliding)."""
+    config = kwargs.get("config")
+    hit = _LAYER_CAUSALITY.get(id(config))
+    if hit is None or hit[0]() is not config:
+        return None
+    bidirectional = "allow_is_bidirectional_skip" in kwargs
+    if hit[1] and bidirectional:
+        return "a bidirectional mask for layers that say is_causal=True or nothing"
+    if not hit[1] and not bidirectional:
+        return "a causal mask for layers that say is_causal=False"
+    return None

@@ -8,7 +8,7 @@ from typing import Any
 from fa4cache.ops import one_row_decode
 
 from .common import compiling, warn_once
-from .mask_functions import not_computed, not_computed_while_tracing, vmap_reason
+from .mask_functions import causality_disagrees, not_computed, not_computed_while_tracing, vmap_reason
 
 
 def padding_mask(
@@ -30,14 +30,15 @@ def padding_mask(
     keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`).
 
     Where the FA4 path would compute another mask than the one asked for (a rule it does not
-    model: :mod:`.mask_functions`), the hook returns transformers' own dense mask, and the
-    layer runs through PyTorch."""
+    model, or a causality the layers that get it do not say they have: :mod:`.mask_functions`),
+    the hook returns transformers' own dense mask, and the layer runs through PyTorch."""
     # A padding mask with a gap inside a row is not looked for here (that would be a host
     # sync in every forward): the FA4 path refuses it on the device.
     if compiling():
         why = not_computed_while_tracing(mask_function, q_length, kwargs)
     else:
         why = vmap_reason(kwargs) or not_computed(mask_function)
+    why = why or causality_disagrees(kwargs)
     if why is not None:
         return _dense(
             why, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, kwargs

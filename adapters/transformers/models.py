@@ -3,15 +3,18 @@ attention interface. transformers accepts any registered name for any model; a m
 its own attention code (Bloom, MPT, XGLM, GPT-NeoX-Japanese, GPT-Neo; Falcon before 5.25) never
 calls fa4cache's attention, and reads the hook's 2-D padding mask as its own 4-D one: wrong
 results (Bloom 0.016 off, MPT 0.3 off at batch 1), shape errors, or a bare ``KeyError``.
-Which models those are is read from the installed transformers' code, never from a list of
-names here: a release that moves a model to the interface (5.25's Falcon) needs no edit."""
+A model that picks its attention layers from a table of its own by implementation name
+(GIT, SAM: ``{"eager": ..., "sdpa": ...}``) has no layer for ``"fa4cache"`` (a bare
+``KeyError`` while it is built). Which models those are is read from the installed
+transformers' code, never from a list of names here: a release that moves a model to the
+interface (5.25's Falcon) needs no edit."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .common import NAMES, patch_once
-from .mask_functions import mark_block_family
+from .mask_functions import mark_block_family, mark_layer_causality
 
 
 def _uses_the_interface(cls: type) -> bool:
@@ -28,7 +31,9 @@ def refuse_models_outside_the_interface() -> None:
     from transformers import PreTrainedModel
 
     def wrap(fn: Any) -> Any:
-        def get_correct_attn_implementation(self: Any, requested_attention: Any, *args: Any, **kwargs: Any) -> Any:
+        def get_correct_attn_implementation(
+            self: Any, requested_attention: Any, *args: Any, **kwargs: Any
+        ) -> Any:
             chosen = fn(self, requested_attention, *args, **kwargs)
             if chosen in NAMES:
                 mark_block_family(self)  # (what the mask hook cannot tell while compiling)
@@ -39,8 +44,56 @@ def refuse_models_outside_the_interface() -> None:
                     "run fa4cache (and its mask would be read wrong); load it with attn_implementation='eager'"
                     + (" or 'sdpa'" if getattr(self, "_supports_sdpa", False) else "")
                 )
+            table = _own_attention_table(type(self)) if chosen in NAMES else None
+            if table is not None:
+                name, choices = table
+                raise ValueError(
+                    f"fa4cache attention: {type(self).__name__} picks its attention layers by implementation "
+                    f"name from a table of its own ({name}: {', '.join(map(repr, choices))}), which has no "
+                    f"{chosen!r}; load it with attn_implementation="
+                    + " or ".join(repr(c) for c in choices if c in ("eager", "sdpa"))
+                )
             return chosen
 
         return get_correct_attn_implementation
 
     patch_once(PreTrainedModel, "get_correct_attn_implementation", wrap)
+
+
+def _own_attention_table(cls: type) -> tuple[str, list[str]] | None:
+    """A table of attention classes by implementation name (``"eager"`` among its keys, classes
+    as its values) in the module of ``cls`` or of a class it derives from: the model builds
+    its layers from it, and a name it lacks is a ``KeyError``. ``(its name, its keys)``."""
+    import sys
+
+    for c in cls.__mro__:
+        module = sys.modules.get(c.__module__)
+        if module is None or not c.__module__.startswith("transformers.models."):
+            continue
+        for name, value in vars(module).items():
+            if (
+                isinstance(value, dict)
+                and "eager" in value
+                and all(isinstance(k, str) and isinstance(v, type) for k, v in value.items())
+                and not any(n in value for n in NAMES)
+            ):
+                return name, list(value)
+    return None
+
+
+def read_layer_causality() -> None:
+    """After a model built with ``"fa4cache"`` has its layers (``post_init``, which every
+    transformers model calls last in ``__init__``), note what they say of their causality,
+    for the mask hook (:func:`.mask_functions.mark_layer_causality`)."""
+    from transformers import PreTrainedModel
+
+    def wrap(fn: Any) -> Any:
+        def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = fn(self, *args, **kwargs)
+            if getattr(getattr(self, "config", None), "_attn_implementation", None) in NAMES:
+                mark_layer_causality(self)
+            return out
+
+        return post_init
+
+    patch_once(PreTrainedModel, "post_init", wrap)
