@@ -7,16 +7,9 @@ from typing import Any
 
 from fa4cache.ray_integration.hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
+from fa4cache.cache_dir import NODE_LOCAL_DEFAULT, check_cache_dir, check_placeholders
 from fa4cache.errors import ConfigError
-from fa4cache.settings import (
-    BY_NAME,
-    ENV_DIR,
-    NODE_LOCAL_DEFAULT,
-    Settings,
-    cache_dir_error,
-    cache_dir_problem,
-    check_placeholders,
-)
+from fa4cache.settings import BY_NAME, ENV_DIR, Settings
 
 HOOK = "fa4cache.ray_integration.hook.setup"
 CLUSTER_TIER = "fa4cache.ray_integration.cluster:ClusterTier"
@@ -29,10 +22,7 @@ def _check_dir(raw: str, setting: str) -> None:
         raise ConfigError(f"{setting}: cache directory must be an absolute path, got {raw!r}")
     if "{" not in text:
         # The same words as every other command: what is wrong, which setting, the fix.
-        s = Settings.from_env(text, cache_dir_from=setting)
-        problem = cache_dir_problem(s.cache_dir)
-        if problem is not None:
-            raise cache_dir_error(s, problem)
+        check_cache_dir(Settings.from_env(text, cache_dir_from=setting), write=True)
 
 
 def env(

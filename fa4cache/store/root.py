@@ -23,8 +23,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from fa4cache.cache_dir import cache_dir_fix, cache_dir_problem, default_dir, describe_cache_dir
 from fa4cache.errors import InsecurePath
-from fa4cache.settings import Settings, cache_dir_fix, cache_dir_problem, default_dir, describe_cache_dir
+from fa4cache.settings import Settings
 
 from .paths import LAYOUT
 from .secure_io import makedirs_private, only_me, open_dir

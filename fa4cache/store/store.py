@@ -442,7 +442,7 @@ class Store:
 
 def _origin() -> dict[str, Any]:
     """Who compiled a kernel published here first, where, with which fa4cache."""
-    from fa4cache.settings import user_name
+    from fa4cache.cache_dir import user_name
     from fa4cache.version import __version__
 
     return {
