@@ -651,3 +651,29 @@ def test_prune_and_clear_json_say_what_the_run_removes(four_kernels: Path, tmp_p
     assert [r["kind"] for r in c["removed"]] == ["bwd_postprocess_convert"] and c["remaining"] == 0
     gone = run_cli(tmp_path / "none", "prune", "--max-size", "1G", "--json")
     assert gone.returncode == 0 and json.loads(gone.stdout)["removed"] == []
+
+
+# ---------------------------------------------------------------- 4: a Ray job's store path, checked in env()
+
+
+@pytest.mark.parametrize("written", ["{node_id}", "fa4cache-{user}", "{hostname}/store"])
+def test_env_refuses_a_per_node_path_under_a_file_as_install_does(tmp_path: Path, written: str) -> None:
+    import fa4cache
+    from fa4cache.errors import ConfigError
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    raw = f"{afile}/{written}"
+    # install() in a plain process: the path resolved here is under a file.
+    with pytest.raises(ConfigError, match=f"cache_dir=.* is under {afile}, which is a file"):
+        fa4cache.install(raw)
+    # env(): the same check, in the driver, naming the workers' FA4CACHE_DIR and the fix.
+    with pytest.raises(ConfigError) as e:
+        fa4cache.env(raw)
+    msg = str(e.value)
+    assert f"is under {afile}, which is a file" in msg and f"FA4CACHE_DIR={raw}" in msg, msg
+    assert "point cache_dir at a directory you own" in msg, msg
+    # A per-node path that nothing blocks is still accepted, placeholders kept for the workers.
+    ok = str(tmp_path / f"ok/{written}")
+    assert fa4cache.env(ok)["env_vars"]["FA4CACHE_DIR"] == ok
+
