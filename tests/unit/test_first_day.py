@@ -751,3 +751,57 @@ def test_an_unusable_store_at_install_is_an_error_or_one_warning_and_kernels_sti
         # The kernels already stored still load; the others run from memory.
         assert c["compiles"] == 2 - held, (case, c)
     assert "the kernels already there still load" in r["read-only"]["warnings"][0]
+
+
+# ---------------------------------------------------------------- 3: what a command says about the host
+
+_JOB_TOOLCHAIN = """
+import sys
+from fa4cache.adapters.patch import expected_patches
+from fa4cache.adapters.route import job_toolchain
+from fa4cache.store.store import Store
+from tests.helpers import fake_compiler
+fake_compiler.TOOLCHAIN = job_toolchain(expected_patches())  # a kernel stored for this toolchain
+fake_compiler.FakeFA4(Store.at(sys.argv[1])).call(1, 0)
+print(fake_compiler.TOOLCHAIN.id)
+"""
+
+
+def test_bundle_show_and_import_see_the_gpu_doctor_sees(tmp_path: Path) -> None:
+    """On a GPU host with no arch named, ``bundle show``/``import`` said "this machine has no
+    target arch (no GPU, ...)" where ``doctor`` found the GPU: they asked torch only if it was
+    imported already. The GPU is faked below torch.cuda's device queries
+    (tests/helpers/fake_gpu.py): everything fa4cache does to find it is real."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("FLASH_ATTENTION_ARCH", "CUTE_DSL_ARCH")}
+    clean = {k: v for k, v in clean.items() if k != "FLASH_ATTENTION_NUM_SMS"} | {"PYTHONPATH": str(ROOT)}
+    # A kernel for the toolchain jobs on an H200 compile for, the arch named instead of seen.
+    src, dst, bundle = tmp_path / "src", tmp_path / "dst", tmp_path / "k.fa4b"
+    named = subprocess.run(
+        [sys.executable, "-c", _JOB_TOOLCHAIN, str(src)], cwd=ROOT, env={**clean, "FLASH_ATTENTION_ARCH": "sm_90"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    tc = named.stdout.strip()
+    assert run_cli(src, "bundle", "export", str(bundle)).returncode == 0
+
+    def on_h200(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.helpers.fake_gpu", "--cache-dir", str(dst), *args],
+            cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    doc = on_h200("doctor", "--json")
+    checks = {c["check"]: c["detail"] for c in json.loads(doc.stdout)["checks"]}
+    assert checks["GPU"].startswith("NVIDIA H200 (sm_90)"), checks
+    assert checks["target"] == "sm_90, 132 SMs (from the GPU)", checks
+    for command in (("bundle", "show", str(bundle)), ("bundle", "import", str(bundle))):
+        p = on_h200(*command)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "no target arch" not in p.stdout + p.stderr, (command, p.stdout)
+        assert f"1 kernel(s) of toolchain {tc} can serve this host" in p.stdout, (command, p.stdout)
+    # Without the fake GPU this machine has none, and the same command says so.
+    cpu = subprocess.run(
+        [sys.executable, "-m", "fa4cache", "--cache-dir", str(dst), "bundle", "show", str(bundle)],
+        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "this machine has no target arch" in cpu.stdout, cpu.stdout + cpu.stderr
