@@ -38,12 +38,11 @@ def _check_cache_dir(cache_dir: Any, options: dict[str, Any]) -> None:
     """A store path that can never be a directory (a file in the way) is a mistake in the
     job's settings: raise :class:`~fa4cache.errors.ConfigError` naming the setting and the
     fix, at start-up, rather than run a whole job without persisting (one warning). Trouble
-    that may pass (a read-only or full disk) still only warns: kernels work, in memory."""
-    from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
+    that may pass (a read-only or full disk) still only warns: kernels work, in memory
+    (docs/store.md, "An unusable store directory")."""
+    from fa4cache.cache_dir import check_cache_dir
+    from fa4cache.settings import Settings
 
     settings = Settings.from_env(cache_dir, **options)
-    if settings.disabled:
-        return
-    problem = cache_dir_problem(settings.cache_dir, write=False)
-    if problem is not None and "symlink" not in problem:  # the store's own policy decides on links
-        raise cache_dir_error(settings, problem)
+    if not settings.disabled:
+        check_cache_dir(settings)

@@ -5,10 +5,14 @@ queries on a machine without a GPU) asks here; nothing else parses an arch or re
 ``FLASH_ATTENTION_ARCH``. The target is, in this order:
 
 1. ``FLASH_ATTENTION_ARCH`` (else ``CUTE_DSL_ARCH``): a cross-compile, or an explicit choice;
-2. the CUDA device's compute capability, when torch is already imported and sees one;
+2. the CUDA device's compute capability, when torch is imported and sees one;
 3. nothing: :func:`target_arch` raises :class:`NoTargetArch`, naming the variable to set.
 
-Importing this module imports neither torch nor cutlass.
+Importing this module imports neither torch nor cutlass. Library code asks torch only if the
+process imported it already (a job that runs kernels has); a command that says what this
+machine is (``doctor``, ``warm``, ``bundle show``/``import``) asks :func:`host_arch` /
+:func:`describe`, which import torch first, so that every command gives the same answer on
+the same machine whatever it imported before.
 """
 
 from __future__ import annotations
@@ -121,6 +125,18 @@ def resolved_arch(device: Any = None) -> int | None:
     return env_arch() or device_arch(device)
 
 
+def host_arch() -> int | None:
+    """:func:`resolved_arch` as a command describing this machine must answer it: with torch
+    imported (when installed and no arch is named), so that a GPU is seen even where nothing
+    imported torch yet."""
+    if env_arch() is None and "torch" not in sys.modules:
+        try:
+            import torch  # noqa: F401
+        except Exception:  # not installed, or broken: no GPU can be asked
+            pass
+    return resolved_arch()
+
+
 def target_arch(device: Any = None) -> int:
     """The target arch; :class:`NoTargetArch` (naming ``FLASH_ATTENTION_ARCH``) when there is none."""
     arch = resolved_arch(device)
@@ -190,7 +206,7 @@ def cross_compile_env(arch: str, num_sms: int | None = None) -> dict[str, str]:
 
 
 def describe() -> dict[str, Any]:
-    """What this process targets, for ``doctor`` and ``warm`` (never raises)."""
-    arch = resolved_arch()
+    """What this machine targets (:func:`host_arch`), for ``doctor`` and ``warm`` (never raises)."""
+    arch = host_arch()
     source = "environment" if env_arch() is not None else ("GPU" if arch is not None else None)
     return {"arch": arch_name(arch) if arch else None, "source": source, "num_sms": num_sms_or_none()}

@@ -10,20 +10,17 @@ all come from it. A bad value is a :class:`~fa4cache.errors.ConfigError` that na
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import math
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_dir import ENV_DIR, default_dir, is_node_local_path, node_local_default, path_text, resolve_path
 from .errors import ConfigError
 
-_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-KNOWN_PLACEHOLDERS = ("hostname", "user", "node_id")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 MAX_SIZE_BYTES = 1 << 60  # far past any disk; larger numbers are typos, not caps
 
@@ -131,8 +128,13 @@ def parse_class_path(text: str, *, setting: str) -> str:
     return f"{module}:{name}"
 
 
+def _node_id() -> str | None:
+    # {node_id} in a path: FA4CACHE_NODE_ID (read from os.environ, as the placeholder's doc says).
+    return BY_NAME["FA4CACHE_NODE_ID"].read()
+
+
 def _parse_dir(text: str, *, setting: str) -> Path:
-    return resolve_path(text, setting=setting)
+    return resolve_path(text, setting=setting, node_id=_node_id())
 
 
 def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
@@ -140,7 +142,7 @@ def _parse_dirs(text: str, *, setting: str) -> tuple[Path, ...]:
     out = []
     for p in parts:
         try:
-            out.append(resolve_path(p, setting=setting, what="base store"))
+            out.append(resolve_path(p, setting=setting, node_id=_node_id(), what="base store"))
         except ConfigError as e:
             if len(parts) < 2:
                 raise
@@ -194,7 +196,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("FA4CACHE_DIR", _parse_dir, None, "store directory (default `$XDG_CACHE_HOME/fa4cache` or "
+    Setting(ENV_DIR, _parse_dir, None, "store directory (default `$XDG_CACHE_HOME/fa4cache` or "
             "`~/.cache/fa4cache`); `{hostname}`, `{user}`, `{node_id}` placeholders allowed", "cache_dir"),
     Setting("FA4CACHE_BASE_DIRS", _parse_dirs, (), "read-only base stores tried after the local one "
             "(`:`-separated), e.g. a pre-warmed cache in the image", "base_dirs"),
@@ -268,7 +270,6 @@ SETTINGS: tuple[Setting, ...] = (
             "fa4cache.ops.one_row_decode)"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SETTINGS}
-ENV_DIR = BY_NAME["FA4CACHE_DIR"].name
 REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
 
 
@@ -309,105 +310,9 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-# --------------------------------------------------------------------------- paths
-
-
-def placeholder_values(node_id: str | None = None) -> dict[str, str]:
-    """Values for ``{hostname}``, ``{user}``, ``{node_id}`` in this process."""
-    node = node_id or setting("FA4CACHE_NODE_ID") or _ray_node_id() or socket.gethostname()
-    return {"hostname": socket.gethostname(), "user": user_name(), "node_id": node}
-
-
-def user_name() -> str:
-    """This user's name for ``{user}``: ``$USER``/``$LOGNAME``, the passwd entry, else the uid
-    (a container user without a passwd entry still gets a path of its own)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid{os.getuid()}" if hasattr(os, "getuid") else "user"
-
-
-def _ray_node_id() -> str | None:
-    # Only ask Ray if this process already imported it: importing Ray costs seconds.
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return None
-    try:
-        if ray.is_initialized():
-            return ray.get_runtime_context().get_node_id()
-    except Exception:  # Ray not connected yet: fall back to the hostname
-        return None
-    return None
-
-
-def check_placeholders(path: str, *, setting: str) -> None:
-    for name in _PLACEHOLDER.findall(path):
-        if name not in KNOWN_PLACEHOLDERS:
-            raise ConfigError(
-                f"{setting}: unknown placeholder {{{name}}} in {path!r} "
-                f"(known: {', '.join('{' + p + '}' for p in KNOWN_PLACEHOLDERS)})"
-            )
-
-
-def path_text(path: Any, *, setting: str) -> str:
-    """``os.fspath(path)``, or a :class:`ConfigError` naming ``setting`` (``install(123)``)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ConfigError(
-            f"{setting}: expected a directory path (str or os.PathLike), got {type(path).__name__} {path!r}"
-        )
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise ConfigError(f"{setting}: expected a str path, got {type(text).__name__} {text!r}")
-    return text
-
-
-def resolve_path(
-    path: str | os.PathLike[str], *, setting: str, node_id: str | None = None, what: str = "cache directory"
-) -> Path:
-    """Expand ``~`` and placeholders; require an absolute result. ``what``: the directory's
-    role, for the error (``cache directory``, ``base store``)."""
-    raw = path_text(path, setting=setting)
-    text = os.path.expanduser(raw)
-    check_placeholders(text, setting=setting)
-    if _PLACEHOLDER.search(text):
-        values = placeholder_values(node_id)
-        text = _PLACEHOLDER.sub(lambda m: _safe_component(values[m.group(1)]), text)
-    p = Path(text)
-    if not p.is_absolute():
-        raise ConfigError(f"{setting}: {what} must be an absolute path, got {raw!r}")
-    return p
-
-
-def _safe_component(value: str) -> str:
-    # A hostname or node id becomes one path component: never a separator or '..'.
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", value)
-    return cleaned if cleaned not in ("", ".", "..") else "_"
-
-
 # FA4's own disk cache (it would store every kernel a second time) and the CuTe DSL's
 # (under $TMPDIR/$USER, a directory it makes without checking who owns it) are off in a job.
 DSL_CACHES_OFF = {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0", "CUTE_DSL_DISABLE_FILE_CACHING": "1"}
-
-# The Ray hook's default on each node: fast local disk, shared by the ranks of a node.
-NODE_LOCAL_DEFAULT = "/var/tmp/fa4cache-{user}"
-
-
-def node_local_default() -> Path:
-    return resolve_path(NODE_LOCAL_DEFAULT, setting="node-local default")
-
-
-def is_node_local_path(raw: str | os.PathLike[str]) -> bool:
-    """Whether a store path as written names a per-node directory: one with a placeholder."""
-    return _PLACEHOLDER.search(os.fspath(raw)) is not None
-
-
-def default_dir() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "fa4cache"
-
 
 # --------------------------------------------------------------------------- settings
 
@@ -460,7 +365,7 @@ class Settings:
             values["cache_dir"] = default_dir()
         if cache_dir is not None:
             raw_dir = path_text(cache_dir, setting=cache_dir_from)
-            values["cache_dir"] = resolve_path(cache_dir, setting=cache_dir_from)
+            values["cache_dir"] = resolve_path(cache_dir, setting=cache_dir_from, node_id=_node_id())
             values["cache_dir_from"] = cache_dir_from
         values["node_local"] = (
             is_node_local_path(raw_dir)
@@ -475,7 +380,9 @@ class Settings:
             if name == "base_dirs" and not isinstance(value, str):
                 if isinstance(value, os.PathLike):
                     value = (value,)
-                value = tuple(resolve_path(p, setting="base_dirs", what="base store") for p in value)
+                value = tuple(
+                    resolve_path(p, setting="base_dirs", node_id=_node_id(), what="base store") for p in value
+                )
                 _no_separator(value, setting="base_dirs")
             elif isinstance(value, str):
                 value = decl.parse(value, setting=name)
@@ -516,74 +423,3 @@ class Settings:
                 s.read(src)  # a bad value fails here, in the driver, not on every worker
                 env[s.name] = src[s.name]
         return env
-
-
-# --------------------------------------------------------------------------- the directory
-
-
-def cache_dir_problem(path: Path, *, write: bool = True) -> str | None:
-    """What makes ``path`` unusable as a store directory, in words, or None (also when it
-    does not exist yet: it is created at first use). ``write=False``: for reading only (a
-    read-only store can still be looked at). Only what the user can fix is named; the
-    store's own checks (:mod:`fa4cache.store.secure_io`) stay the authority."""
-    import stat
-
-    probe = path
-    while True:  # the deepest component that exists
-        try:
-            st = os.lstat(probe)
-            break
-        except (FileNotFoundError, NotADirectoryError):  # not there yet, or a file above it
-            if probe == probe.parent:
-                return None
-            probe = probe.parent
-        except OSError as e:
-            return f"cannot be read ({e.strerror})"
-    if stat.S_ISLNK(st.st_mode) and probe == path:
-        real = os.path.realpath(path)
-        return (
-            f"is a symlink to {real}, and a symlink can be redirected by whoever owns it: name {real} itself"
-        )
-    try:
-        is_dir = stat.S_ISDIR(os.stat(probe).st_mode)
-    except OSError as e:  # a dangling link on the way
-        return f"cannot be reached ({probe}: {e.strerror})"
-    if not is_dir:
-        return "is a file, not a directory" if probe == path else f"is under {probe}, which is a file"
-    if not write:  # looking only: another owner's (trusted) store can be read
-        return None
-    if probe == path and hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"is owned by uid {st.st_uid}, not by you"
-    if probe == path and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 700 it"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return (
-            "is not writable by you"
-            if probe == path
-            else f"cannot be created: {probe} is not writable by you"
-        )
-    return None
-
-
-def describe_cache_dir(settings: Settings) -> str:
-    """``FA4CACHE_DIR=/x``, ``--cache-dir /x`` or ``the default directory /x``."""
-    src, path = settings.cache_dir_from, settings.cache_dir
-    if src == ENV_DIR or src == "cache_dir":
-        return f"{src}={path}"
-    if src.startswith("--"):
-        return f"{src} {path}"
-    return f"the default directory {path}"
-
-
-def cache_dir_fix(settings: Settings) -> str:
-    """How to point fa4cache at another directory, naming the setting in use."""
-    src = settings.cache_dir_from
-    if src == "default":
-        return f"set {ENV_DIR} to a directory you own (e.g. {ENV_DIR}=$HOME/fa4cache)"
-    other = f"; or unset {ENV_DIR} to use {default_dir()}" if src == ENV_DIR else ""
-    return f"point {src} at a directory you own (mode 700), or at a path that does not exist yet{other}"
-
-
-def cache_dir_error(settings: Settings, problem: str) -> ConfigError:
-    """The one error for an unusable store directory: what, where it was set, the fix."""
-    return ConfigError(f"{describe_cache_dir(settings)} {problem}; {cache_dir_fix(settings)}")

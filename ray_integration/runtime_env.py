@@ -7,32 +7,27 @@ from typing import Any
 
 from fa4cache.ray_integration.hook import ENV_CHAINED_HOOK, ENV_NODE_LOCAL, ChainedHook
 
+from fa4cache.cache_dir import NODE_LOCAL_DEFAULT, PLACEHOLDER, check_cache_dir, check_placeholders
 from fa4cache.errors import ConfigError
-from fa4cache.settings import (
-    BY_NAME,
-    ENV_DIR,
-    NODE_LOCAL_DEFAULT,
-    Settings,
-    cache_dir_error,
-    cache_dir_problem,
-    check_placeholders,
-)
+from fa4cache.settings import BY_NAME, ENV_DIR, Settings
 
 HOOK = "fa4cache.ray_integration.hook.setup"
 CLUSTER_TIER = "fa4cache.ray_integration.cluster:ClusterTier"
 
 
 def _check_dir(raw: str, setting: str) -> None:
+    """The store path the workers get, checked here in the driver with the check
+    ``install()`` makes (:func:`fa4cache.cache_dir.check_cache_dir`): a bad path fails in
+    ``env()``, not as a whole job run memory-only. A path with placeholders is checked with
+    this machine's values, for what no node can use (a file in the way); whether a node may
+    write there is that node's business (a squatted node-local path falls back)."""
     text = os.path.expanduser(raw)
     check_placeholders(text, setting=setting)
     if not os.path.isabs(text):
         raise ConfigError(f"{setting}: cache directory must be an absolute path, got {raw!r}")
-    if "{" not in text:
-        # The same words as every other command: what is wrong, which setting, the fix.
-        s = Settings.from_env(text, cache_dir_from=setting)
-        problem = cache_dir_problem(s.cache_dir)
-        if problem is not None:
-            raise cache_dir_error(s, problem)
+    per_node = PLACEHOLDER.search(text) is not None
+    note = f" (the workers' {ENV_DIR}={raw}, placeholders resolved as on this machine)" if per_node else ""
+    check_cache_dir(Settings.from_env(text, cache_dir_from=setting), write=not per_node, note=note)
 
 
 def env(

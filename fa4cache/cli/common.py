@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
+from ..cache_dir import cache_dir_error, cache_dir_problem
 from ..errors import ConfigError
-from ..settings import Settings, cache_dir_error, cache_dir_problem
+from ..settings import Settings
 
 
 def human(n: float) -> str:

@@ -116,7 +116,7 @@ def _gpu(line: _Report) -> None:
 def _cache_directory(line: _Report) -> None:
     """The store the workers would use (a squatted node-local path: the fallback), and
     whether it is usable (kept in ``line`` for the checks after it)."""
-    from fa4cache.settings import cache_dir_error, cache_dir_problem
+    from fa4cache.cache_dir import cache_dir_error, cache_dir_problem
     from fa4cache.store.root import resolve_root
 
     s = line.settings

@@ -24,13 +24,14 @@ _FIX = {
 
 def host_toolchains() -> dict[str, dict[str, Any]]:
     """The toolchains jobs here compile for (FA4's, and jit/QuACK kernels'), by id; empty
-    without a target arch (no GPU and no FLASH_ATTENTION_ARCH)."""
+    without a target arch (no GPU and no FLASH_ATTENTION_ARCH). The arch is the one
+    ``doctor`` names (:func:`fa4cache.arch.host_arch`)."""
     from fa4cache.adapters.patch import expected_patches
     from fa4cache.adapters.route import job_toolchain
-    from fa4cache.arch import num_sms_or_none, resolved_arch
+    from fa4cache.arch import host_arch, num_sms_or_none
     from fa4cache.fingerprint import toolchain
 
-    arch = resolved_arch()
+    arch = host_arch()
     if arch is None:
         return {}
     out = {}
@@ -70,12 +71,16 @@ def fit_lines(toolchains: dict[str, dict[str, Any] | None], counts: dict[str, in
     except ImportError as e:  # fa4cache.adapters not importable (a bare source tree on sys.path)
         return [f"cannot tell which kernels serve this host ({e})"]
     if not mine:
-        return ["this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it"]
+        return [
+            "this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it"
+        ]
     lines = []
     for tc, desc in sorted(toolchains.items()):
         n = counts.get(tc, 0)
         if tc in mine:
             lines.append(f"{n} kernel(s) of toolchain {tc} can serve this host")
         else:
-            lines.append(f"{n} kernel(s) of toolchain {tc} cannot serve this host: {why_not(desc, mine, where)}")
+            lines.append(
+                f"{n} kernel(s) of toolchain {tc} cannot serve this host: {why_not(desc, mine, where)}"
+            )
     return lines

@@ -8,8 +8,9 @@ import json
 import logging
 from typing import Any
 
+from ..cache_dir import cache_dir_problem
 from ..errors import ConfigError
-from ..settings import cache_dir_problem, parse_duration, parse_size
+from ..settings import parse_duration, parse_size
 from .common import (
     NoStoreYet,
     ago,

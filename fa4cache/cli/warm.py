@@ -174,7 +174,7 @@ def _usable_store(args: argparse.Namespace) -> str:
     stored them."""
     from fa4cache.store.store import Store
 
-    from ..settings import cache_dir_error
+    from ..cache_dir import cache_dir_error
 
     s = writable_store_settings(args)
     store = Store(s)  # the store warm's workers open: a subdirectory in the way makes it read-only

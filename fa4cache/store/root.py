@@ -8,8 +8,12 @@ someone else got there first.
   named explicitly is refused (``FA4CACHE_INSECURE=warn``: memory-only).
 * A squatted or untrusted base store is ignored with a warning (a missing one is ignored
   too); ``FA4CACHE_INSECURE=refuse`` makes it an error.
-* Trouble that is nobody's attack (read-only filesystem, permission denied, full disk)
-  means kernels still work, they are just not persisted.
+* Trouble that is nobody's attack (a parent that cannot be created, a read-only directory
+  or filesystem, permission denied) makes the store read-only, with one warning naming the
+  cause and the fix: kernels already in the directory still load, new ones stay in memory
+  (a full disk is found at the first publish, with the same one warning). A path that can
+  never be a directory (a file in the way) is bad input: ``install()`` raises
+  (:func:`fa4cache.cache_dir.check_cache_dir`); docs/store.md says which is which.
 
 The CLI resolves its store with :func:`resolve_root`, the same decision without creating
 anything, so that every command looks at the store the workers use.
@@ -23,8 +27,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from fa4cache.cache_dir import cache_dir_fix, cache_dir_problem, default_dir, describe_cache_dir
 from fa4cache.errors import InsecurePath
-from fa4cache.settings import Settings, cache_dir_fix, cache_dir_problem, default_dir, describe_cache_dir
+from fa4cache.settings import Settings
 
 from .paths import LAYOUT
 from .secure_io import makedirs_private, only_me, open_dir
@@ -65,14 +70,53 @@ def open_root(settings: Settings, warn: Warn) -> tuple[Path, bool]:
             return open_root(other, warn)
         warn("insecure-root", f"fa4cache: {e}; using an in-memory cache only ({cache_dir_fix(settings)})")
         return root, False
-    except OSError as e:
-        warn(
-            "unwritable",
-            f"fa4cache: cannot use {describe_cache_dir(settings)} ({e}); kernels will not be persisted "
-            f"({cache_dir_fix(settings)})",
-        )
+    except OSError as e:  # in words where the user can fix it ("cannot be created: ... not writable by you")
+        _read_only(settings, cache_dir_problem(root) or str(e), warn)
+        return root, False
+    why = write_problem(root)
+    if why is not None:
+        _read_only(settings, why, warn)
         return root, False
     return root, True
+
+
+def write_problem(root: Path) -> str | None:
+    """Why this process cannot write the store at ``root`` (its directory, its locks, its
+    entries), or None. Asked once at open: a store that only says so at the first publish
+    would be silent through every hit before it."""
+    for d in (root, *(root / sub for sub in SUBDIRS)):
+        if not os.access(d, os.W_OK | os.X_OK):
+            try:
+                if os.statvfs(d).f_flag & os.ST_RDONLY:
+                    return f"{d} is on a read-only filesystem"
+            except OSError:
+                pass
+            return f"{d} is not writable by you"
+    return None
+
+
+def readable_root(root: Path) -> bool:
+    """Whether ``root`` is a store directory of ours that can be read (what a store it
+    cannot write still serves); False for a missing or untrusted one."""
+    try:
+        os.close(open_dir(root, leaf=only_me(), what="cache directory"))
+    except (OSError, InsecurePath):
+        return False
+    return True
+
+
+def _read_only(settings: Settings, why: str, warn: Warn) -> None:
+    """The one warning of a store this process cannot write: the cause, what still works, the fix."""
+    held = (
+        "the kernels already there still load, new ones stay in memory"
+        if readable_root(settings.cache_dir)
+        else "new ones stay in memory"
+    )
+    warn(
+        "unwritable",
+        f"fa4cache: cannot write to {describe_cache_dir(settings)} ({why}); kernels will not be persisted: "
+        f"{held} ({cache_dir_fix(settings)}; a store shared read-only on purpose goes in FA4CACHE_BASE_DIRS)",
+    )
 
 
 def resolve_root(settings: Settings, warn: Warn) -> tuple[Path, bool]:

@@ -7,7 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fa4cache.settings import Settings, cache_dir_error, cache_dir_problem
+from fa4cache.cache_dir import cache_dir_error, cache_dir_problem
+from fa4cache.settings import Settings
 from fa4cache.store import runtime
 from fa4cache.store.paths import Layout
 

@@ -27,7 +27,7 @@ from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
 from . import counters as _counters
 from .locks import KeyLocks, release
-from .root import open_root, usable_base
+from .root import open_root, readable_root, usable_base
 from .secure_io import (
     atomic_write,
     clean_stale_tmp,
@@ -79,11 +79,10 @@ class Store:
             )
             if b is not None
         )
-        self.local = (
-            LocalDir(self.root, self._report, self.locks, self.counters)
-            if self.writable
-            else None
-        )
+        self.local = LocalDir(self.root, self._report, self.locks, self.counters) if self.writable else None
+        # A store this process cannot write (a read-only mount, a copy shared read-only) still
+        # serves what it holds, read as a base is: never written, repaired or locked.
+        self._read_only_root = not self.writable and readable_root(self.root)
         self.remote: RemoteTier | None = self._remote_tier()
         self.tiers: tuple[Tier, ...] = self._build_tiers()
         if self.remote is not None:
@@ -99,6 +98,8 @@ class Store:
 
     def _build_tiers(self) -> tuple[Tier, ...]:
         bases = [ReadOnlyBase(b, self._base_trust, self._report) for b in self.bases]
+        if self._read_only_root:
+            bases.insert(0, ReadOnlyBase(self.root, only_me(), self._report))
         local = [self.local] if self.local else []
         return tuple(local + bases + ([self.remote] if self.remote else []))
 
@@ -255,7 +256,9 @@ class Store:
             problem = load_problem(art.sidecar.built_with)
             if problem is not None:
                 # Same code generator, but its object needs what this host lacks: a miss.
-                self._report(f"load:{problem}", "load_refused", f"fa4cache: not loading {ref.kind} entry: {problem}")
+                self._report(
+                    f"load:{problem}", "load_refused", f"fa4cache: not loading {ref.kind} entry: {problem}"
+                )
                 continue
             if tier is self.remote:
                 self.counters.add("remote_hits")
@@ -442,7 +445,7 @@ class Store:
 
 def _origin() -> dict[str, Any]:
     """Who compiled a kernel published here first, where, with which fa4cache."""
-    from fa4cache.settings import user_name
+    from fa4cache.cache_dir import user_name
     from fa4cache.version import __version__
 
     return {

@@ -199,9 +199,14 @@ def test_unwritable_directory_runs_memory_only_in_the_worker_with_a_warning(
     blocker.write_text("not a directory")
     with pytest.raises(ConfigError, match="cache_dir=.* is under .*, which is a file; point cache_dir at"):
         fa4cache.env(str(blocker / "cache"))
-    # With a placeholder the path is only known in the worker: like Store(), the
-    # worker runs with an in-memory cache and says why, instead of dying in its setup hook.
+    with pytest.raises(ConfigError, match="cache_dir=.* is under .*, which is a file .*FA4CACHE_DIR="):
+        fa4cache.env(str(blocker / "cache-{node_id}"))  # resolved as in the driver (issue 52 item 4)
+    # A node whose disk differs from the driver's: the file appears after env() checked the
+    # path. Like Store(), the worker runs with an in-memory cache and says why, instead of
+    # dying in its setup hook.
+    blocker.unlink()
     env = fa4cache.env(str(blocker / "cache-{node_id}"), runtime_env={"env_vars": CROSS})
+    blocker.write_text("not a directory")
     ray = _connect(cluster, env)
     r = ray.get(ray.remote(_probe).options(max_retries=0).remote(), timeout=120)
     assert r["root"] is not None and r["writable"] is False, r

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from fa4cache.cache_dir import resolve_path
 from fa4cache.errors import ConfigError
-from fa4cache.settings import Settings, parse_duration, parse_size, resolve_path
+from fa4cache.settings import Settings, parse_duration, parse_size
 from fa4cache.store import EntryRef, Store
 
 

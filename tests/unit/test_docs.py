@@ -118,6 +118,43 @@ def test_every_python_snippet_in_the_readme_and_the_docs_runs_or_says_what_it_ne
     assert not failed, "\n".join(f"{w}:\n{tb}" for w, tb in failed.items())
 
 
+_FAKE_CUDA_RUN = """
+import json, runpy, sys
+from torch._subclasses.fake_tensor import FakeTensorMode
+import fa4cache
+with FakeTensorMode():  # CUDA tensors without a GPU: FA4 compiles, nothing runs
+    runpy.run_path(sys.argv[1], run_name="__main__")  # from a file: the DSL reads the mask_mod's source
+c = fa4cache.install().counters.values
+print("RESULT", json.dumps({k: c.get(k, 0) for k in ("compiles", "disk_hits")}))
+"""
+
+
+@pytest.mark.compile
+def test_the_mask_template_example_reaches_fa4_with_its_aux_tensor(tmp_path: Path) -> None:
+    """docs/masks.md's ``@mask_template`` example as written, on fake CUDA tensors and a
+    cross-compile for sm_90 (no GPU here): FA4 compiles the template's ``mask_mod``, which
+    reads the geometry from the aux tensor it is given (without it the compile fails), the
+    kernel is stored, and a second process loads it instead of compiling."""
+    (snippet,) = [
+        s
+        for s in python_snippets(DOCS / "masks.md")
+        if "@fa4cache.mask_template" in s and "aux_tensors=[" in s
+    ]
+    example = tmp_path / "example.py"
+    example.write_text(snippet)
+    env = {**os.environ, "FA4CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    env |= {"FLASH_ATTENTION_ARCH": "sm_90", "CUTE_DSL_ARCH": "sm_90a", "FLASH_ATTENTION_NUM_SMS": "132"}
+    runs = []
+    for _ in range(2):
+        p = subprocess.run(
+            [sys.executable, "-c", _FAKE_CUDA_RUN, str(example)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(json.loads(p.stdout.split("RESULT ", 1)[1]))
+    assert runs == [{"compiles": 1, "disk_hits": 0}, {"compiles": 0, "disk_hits": 1}], runs
+
+
 def test_snippet_rules_honour_the_needs_marker() -> None:
     assert needs("# needs: GPU, your data loader\nimport fa4cache\n") == "GPU, your data loader"
     assert needs("import fa4cache\n# needs: GPU\n") is None  # only as the first line

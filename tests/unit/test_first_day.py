@@ -651,3 +651,157 @@ def test_prune_and_clear_json_say_what_the_run_removes(four_kernels: Path, tmp_p
     assert [r["kind"] for r in c["removed"]] == ["bwd_postprocess_convert"] and c["remaining"] == 0
     gone = run_cli(tmp_path / "none", "prune", "--max-size", "1G", "--json")
     assert gone.returncode == 0 and json.loads(gone.stdout)["removed"] == []
+
+
+# ---------------------------------------------------------------- 4: a Ray job's store path, checked in env()
+
+
+@pytest.mark.parametrize("written", ["{node_id}", "fa4cache-{user}", "{hostname}/store"])
+def test_env_refuses_a_per_node_path_under_a_file_as_install_does(tmp_path: Path, written: str) -> None:
+    import fa4cache
+    from fa4cache.errors import ConfigError
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    raw = f"{afile}/{written}"
+    # install() in a plain process: the path resolved here is under a file.
+    with pytest.raises(ConfigError, match=f"cache_dir=.* is under {afile}, which is a file"):
+        fa4cache.install(raw)
+    # env(): the same check, in the driver, naming the workers' FA4CACHE_DIR and the fix.
+    with pytest.raises(ConfigError) as e:
+        fa4cache.env(raw)
+    msg = str(e.value)
+    assert f"is under {afile}, which is a file" in msg and f"FA4CACHE_DIR={raw}" in msg, msg
+    assert "point cache_dir at a directory you own" in msg, msg
+    # A per-node path that nothing blocks is still accepted, placeholders kept for the workers.
+    ok = str(tmp_path / f"ok/{written}")
+    assert fa4cache.env(ok)["env_vars"]["FA4CACHE_DIR"] == ok
+
+
+# ---------------------------------------------------------------- 19: an unusable store at install()
+
+_INSTALL = """
+import json, logging
+messages = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        messages.append(record.getMessage())
+logging.getLogger().addHandler(Keep())
+from fa4cache.adapters.install import install, uninstall
+from fa4cache.errors import ConfigError
+from tests.helpers.fake_compiler import FakeFA4
+out = {}
+for case, path in CASES.items():
+    messages.clear()
+    try:
+        store = install(path, compile_server=False)
+    except ConfigError as e:
+        out[case] = {"raised": str(e), "warnings": list(messages)}
+        continue
+    at_install = list(messages)
+    fa = FakeFA4(store)
+    fa.call(1, 0)  # stored by _seed where there is a store
+    fa.call(2, 0)  # stored nowhere
+    out[case] = {"writable": store.writable, "compiles": fa.compiles, "at_install": at_install,
+                 "warnings": list(messages)}
+    uninstall()
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_an_unusable_store_at_install_is_an_error_or_one_warning_and_kernels_still_run(
+    people: Any,  # noqa: F811
+) -> None:
+    """docs/store.md, "An unusable store directory": a path that can never be a directory is
+    bad input (ConfigError naming the setting and the fix); a store that cannot be written
+    (its parent cannot be created, it is read-only) is one warning at install naming the cause
+    and the fix, the kernels already there still load, new ones run from memory."""
+    from tests.store.test_security import PRELOAD, User
+
+    victim, _, _ = people
+    victim = User(victim.name, victim.home, (*PRELOAD, "fa4cache.adapters.install"))
+    base = victim.home / "unusable"
+    victim.run(f"import os; os.makedirs({str(base)!r}, exist_ok=True)")
+    (base / "afile").write_text("")
+    os.chown(base / "afile", victim.uid, victim.gid)
+    locked = base / "locked"  # a parent the store cannot be created in
+    read_only = base / "read-only"  # a store with kernel 1 in it, then made read-only
+    _seed(victim, read_only)
+    victim.run(
+        f"import os\nos.makedirs({str(locked)!r}, mode=0o500)\n"
+        f"for top, dirs, _ in os.walk({str(read_only)!r}):\n"
+        f"    for d in dirs: os.chmod(os.path.join(top, d), 0o500)\n"
+        f"os.chmod({str(read_only)!r}, 0o500)"
+    )
+    cases = {"file": str(base / "afile"), "parent": str(locked / "store"), "read-only": str(read_only)}
+    r = json.loads(victim.run(f"CASES = {cases!r}\n" + _INSTALL).stdout.split("RESULT ", 1)[1])
+    print(json.dumps(r, indent=1))
+    # Bad input: raised, naming the argument and the fix; nothing warned.
+    assert "cache_dir=" in r["file"]["raised"] and "is a file, not a directory" in r["file"]["raised"]
+    assert "point cache_dir at a directory you own" in r["file"]["raised"] and not r["file"]["warnings"]
+    for case, held in (("read-only", 1), ("parent", 0)):
+        c = r[case]
+        assert c["writable"] is False, (case, c)
+        # One warning, at install, naming the directory, the cause and the fix; none per call.
+        assert len(c["at_install"]) == 1 and c["warnings"] == c["at_install"], (case, c)
+        (w,) = c["warnings"]
+        assert f"cannot write to cache_dir={cases[case]}" in w and "not writable by you" in w, (case, w)
+        assert "kernels will not be persisted" in w and "point cache_dir at" in w, (case, w)
+        assert "FA4CACHE_BASE_DIRS" in w, (case, w)
+        # The kernels already stored still load; the others run from memory.
+        assert c["compiles"] == 2 - held, (case, c)
+    assert "the kernels already there still load" in r["read-only"]["warnings"][0]
+
+
+# ---------------------------------------------------------------- 3: what a command says about the host
+
+_JOB_TOOLCHAIN = """
+import sys
+from fa4cache.adapters.patch import expected_patches
+from fa4cache.adapters.route import job_toolchain
+from fa4cache.store.store import Store
+from tests.helpers import fake_compiler
+fake_compiler.TOOLCHAIN = job_toolchain(expected_patches())  # a kernel stored for this toolchain
+fake_compiler.FakeFA4(Store.at(sys.argv[1])).call(1, 0)
+print(fake_compiler.TOOLCHAIN.id)
+"""
+
+
+def test_bundle_show_and_import_see_the_gpu_doctor_sees(tmp_path: Path) -> None:
+    """On a GPU host with no arch named, ``bundle show``/``import`` said "this machine has no
+    target arch (no GPU, ...)" where ``doctor`` found the GPU: they asked torch only if it was
+    imported already. The GPU is faked below torch.cuda's device queries
+    (tests/helpers/fake_gpu.py): everything fa4cache does to find it is real."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("FLASH_ATTENTION_ARCH", "CUTE_DSL_ARCH")}
+    clean = {k: v for k, v in clean.items() if k != "FLASH_ATTENTION_NUM_SMS"} | {"PYTHONPATH": str(ROOT)}
+    # A kernel for the toolchain jobs on an H200 compile for, the arch named instead of seen.
+    src, dst, bundle = tmp_path / "src", tmp_path / "dst", tmp_path / "k.fa4b"
+    named = subprocess.run(
+        [sys.executable, "-c", _JOB_TOOLCHAIN, str(src)], cwd=ROOT, env={**clean, "FLASH_ATTENTION_ARCH": "sm_90"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    tc = named.stdout.strip()
+    assert run_cli(src, "bundle", "export", str(bundle)).returncode == 0
+
+    def on_h200(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.helpers.fake_gpu", "--cache-dir", str(dst), *args],
+            cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    doc = on_h200("doctor", "--json")
+    checks = {c["check"]: c["detail"] for c in json.loads(doc.stdout)["checks"]}
+    assert checks["GPU"].startswith("NVIDIA H200 (sm_90)"), checks
+    assert checks["target"] == "sm_90, 132 SMs (from the GPU)", checks
+    for command in (("bundle", "show", str(bundle)), ("bundle", "import", str(bundle))):
+        p = on_h200(*command)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "no target arch" not in p.stdout + p.stderr, (command, p.stdout)
+        assert f"1 kernel(s) of toolchain {tc} can serve this host" in p.stdout, (command, p.stdout)
+    # Without the fake GPU this machine has none, and the same command says so.
+    cpu = subprocess.run(
+        [sys.executable, "-m", "fa4cache", "--cache-dir", str(dst), "bundle", "show", str(bundle)],
+        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "this machine has no target arch" in cpu.stdout, cpu.stdout + cpu.stderr
