@@ -15,8 +15,10 @@ keeps every kernel of the process in memory (:mod:`fa4cache.adapters.fa4.compile
 A replacement that only observes (a counter, a timer) and calls what it replaced may say so
 with ``fn.__fa4cache_codegen_neutral__ = True``.
 
-Not seen: values replaced at run time (a module constant) and a library function put in
-another's place; a patch made after the first kernel's key (the check runs once).
+Not seen: values replaced at run time (a module constant), a library function put in
+another's place, the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
+many to walk at every process start), and a patch made after the first kernel's key (the
+check runs once).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 # The packages whose sources the toolchain id digests (fingerprint.py), as module prefixes.
 PACKAGES = ("flash_attn.cute", "cutlass", "quack")
 _MAX_WRAPPED = 16
+# The DSL's generated MLIR op bindings: 45,000 class members, 60% of all (cutlass 4.x), whose
+# walk would cost more than the rest together; their module-level functions are checked.
+_GENERATED = "cutlass._mlir."
 
 
 def _own_roots() -> tuple[str, ...]:
@@ -135,7 +140,11 @@ def runtime_patches() -> list[str]:
         for name, obj in members:
             if isinstance(obj, simple):
                 check(f"{mod_name}.{name}", obj)
-            elif isinstance(obj, type) and obj.__dict__.get("__module__") == mod_name:
+            elif (
+                isinstance(obj, type)
+                and obj.__dict__.get("__module__") == mod_name
+                and not mod_name.startswith(_GENERATED)
+            ):
                 for attr, member in list(vars(obj).items()):
                     if isinstance(member, simple):
                         check(f"{mod_name}.{name}.{attr}", member)

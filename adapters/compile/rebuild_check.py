@@ -158,8 +158,10 @@ def rebuild_in_worker(task: Any, compile_task: Callable[[Any], dict[str, Any]]) 
         store.count("verify_mismatches")
     for ref, why in rep.not_rebuilt:
         verified[ref.digest] = f"not rebuilt: {why}"
+    errors = "; ".join(str(e) for e in (out.get("errors") or {}).values()) or out.get("error")
     for digest in targets - set(verified):
-        verified[digest] = "not rebuilt: the call did not ask for this kernel here"
+        why = f"the rebuild failed: {errors}" if errors else "the call did not ask for this kernel here"
+        verified[digest] = f"not rebuilt: {why}"
     store.count("verified_hits", len(rep.identical) + len(rep.different))
     store.flush_counters()
     return {**out, "compiled": {}, "verified": verified}
