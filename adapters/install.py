@@ -3,7 +3,8 @@
 This module only wires the pieces together: :mod:`fa4cache.adapters.patch` patches FA4's compile caches
 (and routes QuACK's), :mod:`fa4cache.adapters.compile.ahead` registers the forward wrapper that starts a
 step's backward kernels compiling in the background, and on a GPU host its compile server
-starts here. The patcher itself imports neither.
+starts here; :mod:`fa4cache.adapters.compile.verify_hits` registers when ``FA4CACHE_VERIFY_HITS``
+asks for it. The patcher itself imports neither.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fa4cache.adapters.compile import ahead as compile_ahead  # registers its forward wrapper on import
+from fa4cache.adapters.compile import verify_hits
 from fa4cache.adapters.patch import install as _install_store
 from fa4cache.adapters.patch import uninstall
 
@@ -25,6 +27,7 @@ def install(
     # does, instead of killing the worker in its setup hook.
     if strict_dir:
         _check_cache_dir(cache_dir, options)
+    verify_hits.enable()  # before FA4 is patched: its entry points get the wrapper then
     store = _install_store(cache_dir, **options)
     if compile_server:  # False: a process that may never compile starts the server at a miss
         compile_ahead.start_server_at_install()

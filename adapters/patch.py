@@ -84,6 +84,8 @@ def _patch_module(inst: Route, module: types.ModuleType) -> int:
             if name == "_flash_attn_fwd":
                 for wrap in events.forward_wrappers():
                     patched = wrap(patched)
+            for wrap_entry in events.entry_wrappers():
+                patched = wrap_entry(name, patched)
         setattr(module, name, patched)
         inst.patches.append(_Patch(module, name, obj, original, cache))
         n += 1
@@ -129,6 +131,11 @@ def _on_fa4_import(module: types.ModuleType) -> None:
             # Never fail FA4's import: FA4 runs with its own caches from here on.
             fail_open.failed(fail_open.Stage.PATCH, e, what=module.__name__, store=_installed.store)
             uninstall()
+
+
+def installed_route() -> Route | None:
+    """This process's installation (None before ``install()``)."""
+    return _installed
 
 
 def fold_all_hits() -> None:

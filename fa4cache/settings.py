@@ -79,6 +79,16 @@ def parse_duration(text: str, *, setting: str = "duration") -> float:
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
 
 
+def parse_fraction(text: str, *, setting: str) -> float:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a fraction between 0 and 1 (e.g. 0.01), got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"{setting}: expected a fraction between 0 and 1 (e.g. 0.01), got {text!r}")
+    return v
+
+
 def parse_choice(*choices: str) -> Callable[..., str]:
     def parse(text: str, *, setting: str) -> str:
         v = str(text).strip().lower()
@@ -249,6 +259,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),
+    Setting("FA4CACHE_VERIFY_HITS", parse_fraction, 0.0, "a fraction (`0.01`): that share of the kernels "
+            "loaded from the store (disk or remote hits) is compiled again by a background compile worker "
+            "and compared byte for byte; an entry that differs is quarantined, warned about and counted "
+            "(`verify_mismatches` in `fa4cache stats`). `0` (default): off, nothing is started "
+            "([store](store.md#spot-checking-hits))"),
     Setting("FA4CACHE_EXPECT_WARM", parse_choice("0", "1", "warn", "error"), "0", "`1`/`warn`: every "
             "kernel compile is a warning naming the kernel and why it missed (zero JIT after warm-up); "
             "`error`: it raises `UnexpectedCompile` instead (also `with fa4cache.expect_warm():`)"),

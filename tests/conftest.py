@@ -31,6 +31,17 @@ def pytest_report_header(config: Any) -> str:
     return f"FA4CACHE_FUZZ_SEED={os.environ['FA4CACHE_FUZZ_SEED']} (set it to replay the random cases)"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_patch_check() -> Any:
+    """fa4cache checks once per process whether FA4's code was replaced at run time
+    (fa4cache.patched_code); a test that patches FA4 undoes it when it ends, so the next test
+    is checked afresh, as its own process would be."""
+    yield
+    from fa4cache import patched_code
+
+    patched_code.forget()
+
+
 def have_gpu() -> bool:
     try:
         import torch

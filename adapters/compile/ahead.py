@@ -285,7 +285,7 @@ def _children(kernels: int) -> int:
     return max(1, min(kernels, cpu_count() // per_node))
 
 
-def _server_env() -> dict[str, str] | None:
+def server_env() -> dict[str, str] | None:
     """What the server compiles for: this process's target and store (asks the GPU)."""
     store = runtime.installed_store()
     env = compile_server.target_env()
@@ -301,7 +301,7 @@ def _get_server(*, configure: bool = True) -> compile_server.CompileServer | Non
     """This process's compile server (started, GPU-blind, if there is none); with
     ``configure``, told this process's target, or None when there is none to tell."""
     global _server
-    env = _server_env() if configure else None
+    env = server_env() if configure else None
     if configure and env is None:
         return None
     with _lock:

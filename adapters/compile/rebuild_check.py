@@ -1,4 +1,6 @@
-"""``fa4cache verify --rebuild``: compile entries again on this machine and compare the bytes.
+"""Compile stored entries again on this machine and compare the bytes: ``fa4cache verify
+--rebuild`` for a whole store, and ``FA4CACHE_VERIFY_HITS`` for a sample of the kernels a job
+loads (:func:`rebuild_in_worker`, run by a compile server's child).
 
 The key check binds an entry's bytes to its key; it cannot tell whether whoever filed them
 compiled that key honestly. Compiles are deterministic (the same key and toolchain give the
@@ -6,6 +8,10 @@ same object file), so a rebuild can: each entry that records the :class:`KernelS
 compiled for (``fa4cache warm`` records it) is compiled again, in a fresh process, into a
 scratch store, and the two copies compared byte for byte. Entries without a spec, or of a
 toolchain this environment does not produce, cannot be rebuilt here and are reported so.
+
+A job's hits are rebuilt from the call that loaded them (:mod:`.verify_hits`), in the job's
+compile server: a forked child compiles the kernel into a scratch store of its own, the copies
+are compared the same way, and an entry that differs is quarantined like a corrupt one.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fa4cache.errors import ConfigError
+from fa4cache.store import runtime
 from fa4cache.store.paths import EntryRef
 from fa4cache.store.store import Store
 
@@ -109,6 +118,71 @@ def _compare(store: Store, fresh: Store, refs: list[EntryRef], rep: RebuildRepor
             rep.identical.append(ref)
         else:
             rep.different.append(ref)
+
+
+MISMATCH = "differs from its rebuild: not what its key compiles to"
+
+
+def rebuild_in_worker(task: Any, compile_task: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """In a compile server's child: compile ``task.targets`` of ``task.jobs`` again with
+    ``compile_task`` (the worker's own task runner) into a scratch store, compare each with
+    the installed store's entry, quarantine those that differ. The result says, per target
+    digest, ``identical``, ``different`` or why it was not rebuilt."""
+    store = runtime.installed_store()
+    tc = runtime.current_toolchain()
+    assert store is not None and tc is not None
+    targets = set(task.targets or ())
+    with tempfile.TemporaryDirectory(prefix="fa4cache-verify-") as tmp:
+        scratch = Store(
+            replace(
+                store.settings,
+                cache_dir=Path(tmp) / "store",
+                base_dirs=(),
+                remote_tier=None,
+                distributed=False,
+                max_size=None,
+                node_local=False,
+            )
+        )
+        with _storing_into(scratch):
+            out = compile_task(replace(task, rebuild=False, ahead=False, wait=False))
+        rebuilt = [e.ref for e in scratch.entries(toolchain=tc.id) if e.ref.digest in targets]
+        rep = RebuildReport()
+        _compare(store, scratch, rebuilt, rep)
+    verified: dict[str, str] = {}
+    for ref in rep.identical:
+        verified[ref.digest] = "identical"
+    for ref in rep.different:
+        verified[ref.digest] = "different"
+        store.quarantine(ref, MISMATCH)
+        store.count("verify_mismatches")
+    for ref, why in rep.not_rebuilt:
+        verified[ref.digest] = f"not rebuilt: {why}"
+    errors = "; ".join(str(e) for e in (out.get("errors") or {}).values()) or out.get("error")
+    for digest in targets - set(verified):
+        why = f"the rebuild failed: {errors}" if errors else "the call did not ask for this kernel here"
+        verified[digest] = f"not rebuilt: {why}"
+    store.count("verified_hits", len(rep.identical) + len(rep.different))
+    store.flush_counters()
+    return {**out, "compiled": {}, "verified": verified}
+
+
+@contextmanager
+def _storing_into(scratch: Store) -> Iterator[None]:
+    """This process's compile caches publish into ``scratch`` (a forked child, one thread)."""
+    from fa4cache.adapters.patch import installed_route
+
+    route = installed_route()
+    if route is None:
+        raise RuntimeError("fa4cache is not installed in this compile worker")
+    real = route.store
+    route.store = scratch
+    runtime.register(scratch, route.toolchain)
+    try:
+        yield
+    finally:
+        route.store = real
+        runtime.register(real, route.toolchain)
 
 
 def _main(argv: list[str]) -> int:

@@ -59,7 +59,8 @@ def target_env(arch: int | None = None, num_sms: int | None = None) -> dict[str,
 
 class CompileServer:
     """One compile server process. ``on_started(kind, digest)`` is called (from a reader
-    thread) as one of its children starts compiling a kernel."""
+    thread) as one of its children starts compiling a kernel, ``on_result(result)`` as one
+    reports."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class CompileServer:
         *,
         on_started: Callable[[str, str], None] | None = None,
         keep_results: bool = True,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """``env``: the target and store (:func:`target_env` plus ``FA4CACHE_DIR``); None: the
         server imports FA4 now and waits for :meth:`configure`."""
@@ -78,6 +80,7 @@ class CompileServer:
                 full.pop(var, None)
         full["CUDA_VISIBLE_DEVICES"] = ""  # GPU-blind: never a CUDA context in a worker
         full["FA4CACHE_COMPILE_AHEAD"] = "0"  # a worker compiles what it is told, nothing ahead
+        full["FA4CACHE_VERIFY_HITS"] = "0"  # nor spot-checks its own loads
         full[PARENT_ENV] = str(os.getpid())
         # -P: the working directory is not put on sys.path (a source checkout there would
         # shadow the installed package, whose fa4cache.adapters lives elsewhere).
@@ -101,6 +104,7 @@ class CompileServer:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._on_started = on_started
         self._keep_results = keep_results  # False: fire and forget (results only logged)
+        self._on_result = on_result  # called with each result, from the reader thread
         threading.Thread(target=self._read_stdout, name="fa4cache-worker-out", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="fa4cache-worker-err", daemon=True).start()
         with _live_lock:
@@ -138,6 +142,11 @@ class CompileServer:
             elif line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT ") :])
                 _log_result(result)
+                if self._on_result is not None:
+                    try:
+                        self._on_result(result)
+                    except Exception as e:  # a listener's trouble must not stop the reader
+                        log.debug("fa4cache: compile server result listener failed: %s", e)
                 with self._result:
                     if self._keep_results:
                         self.results.append(result)

@@ -30,6 +30,9 @@ class CompileTask:
     toolchain: str | None = None
     # How many workers the server forks for it (each takes the kernels nobody holds yet).
     fork: int = 1
+    # Compile ``targets`` again into a scratch store and compare the bytes with the store's
+    # (FA4CACHE_VERIFY_HITS, :mod:`.rebuild_check`); nothing is published.
+    rebuild: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", tuple(self.jobs))

@@ -80,6 +80,10 @@ def run_task(task: CompileTask) -> dict[str, Any]:
     from fa4cache.warmth import expect_warm
 
     with expect_warm("off"):
+        if task.rebuild:
+            from fa4cache.adapters.compile.rebuild_check import rebuild_in_worker
+
+            return rebuild_in_worker(task, _run_task)
         return _run_task(task)
 
 

@@ -37,6 +37,7 @@ from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401 
 from fa4cache import warmth
 from fa4cache.hashing import encode_key, key_digest
 from fa4cache.identity import is_memory_only
+from fa4cache.patched_code import found_once
 from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
@@ -161,7 +162,10 @@ class StoreCompileCache:
                 release(pending.lock)
 
     def _kept_in_memory(self, key: Any) -> bool:
-        return is_memory_only(key) or key in self._unkeyed
+        # Code of FA4, the DSL or QuACK replaced at run time (checked once, at the first key
+        # not in memory): the installed files, which the toolchain id digests, no longer say
+        # what is compiled.
+        return is_memory_only(key) or key in self._unkeyed or bool(found_once())
 
     # -- dict conveniences ----------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:

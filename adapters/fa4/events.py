@@ -1,7 +1,8 @@
 """What FA4's compile caches tell the layers above them, typed: the stages of a miss, and the
-wrappers FA4's forward entry point gets when it is patched.
+wrappers FA4's entry points get when they are patched.
 
-Compile-ahead (:mod:`fa4cache.adapters.compile.ahead`) listens here; the caches and the
+Compile-ahead (:mod:`fa4cache.adapters.compile.ahead`) and the hit spot-check
+(:mod:`fa4cache.adapters.compile.verify_hits`) listen here; the caches and the
 patcher call whoever registered without importing them, so the dependency points one way.
 """
 
@@ -38,10 +39,12 @@ class MissEvent:
 
 MissListener = Callable[[MissEvent], None]
 ForwardWrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+EntryWrapper = Callable[[str, Callable[..., Any]], Callable[..., Any]]
 
 _lock = threading.Lock()
 _listeners: list[MissListener] = []
 _forward_wrappers: list[ForwardWrapper] = []
+_entry_wrappers: list[EntryWrapper] = []
 
 
 def listen(listener: MissListener) -> None:
@@ -70,3 +73,16 @@ def wrap_forward(wrapper: ForwardWrapper) -> None:
 
 def forward_wrappers() -> tuple[ForwardWrapper, ...]:
     return tuple(_forward_wrappers)
+
+
+def wrap_entry(wrapper: EntryWrapper) -> None:
+    """Wrap each of FA4's interface entry points (forward and backward) with
+    ``wrapper(name, fn)`` whenever the patcher patches them. Registered only by features that
+    are on (``FA4CACHE_VERIFY_HITS``): an entry point nobody asked to watch stays as it is."""
+    with _lock:
+        if wrapper not in _entry_wrappers:
+            _entry_wrappers.append(wrapper)
+
+
+def entry_wrappers() -> tuple[EntryWrapper, ...]:
+    return tuple(_entry_wrappers)

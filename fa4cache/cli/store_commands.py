@@ -70,6 +70,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("Load time", f"{st['load_seconds']:.3f} s"),
         ("Corrupt / quarantined", f"{st['corrupt']} / {st['quarantined']}"),
         (
+            "Hits rebuilt",
+            f"{st['verified_hits']}  ({st['verify_mismatches']} differed: quarantined; FA4CACHE_VERIFY_HITS)",
+        ),
+        (
             "Temp files",
             f"{st['temp_files']} ({human(st['temp_bytes'])}; publishes in progress or killed writers')",
         ),

@@ -59,6 +59,10 @@ FIELDS = (
     "ahead_saved_seconds",  # compile seconds those kernels kept off a step's critical path
     "memory_only_compiles",  # kernels of code no key describes completely: never stored (fa4cache.identity)
     "fail_open",  # calls where something inside fa4cache failed and FA4 ran as without it (adapters/fa4/fail_open.py)
+    # FA4CACHE_VERIFY_HITS: stored hits compiled again and compared, and those that differed
+    # (quarantined): adapters/compile/verify_hits.py.
+    "verified_hits",
+    "verify_mismatches",
 )
 KIND_FIELDS = ("memory_hits", "disk_hits", "compiles", "compile_seconds")
 # A job's lookups: what `stats` reports as hits, misses, hit rate and lock waits.

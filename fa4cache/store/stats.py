@@ -102,6 +102,8 @@ def collect(cache_dir: Path | str | None = None, *, current_toolchain: str | Non
         "ahead_compiles": int(c["ahead_compiles"]),
         "ahead_saved_seconds": round(c["ahead_saved_seconds"], 3),
         "corrupt": int(c["corrupt"]),
+        "verified_hits": int(c["verified_hits"]),
+        "verify_mismatches": int(c["verify_mismatches"]),
         "quarantined": _quarantined(layout),
         "temp_files": temp_files,
         "temp_bytes": temp_bytes,

@@ -55,6 +55,10 @@ def main() -> None:
         before = dict(store.counters.values)
         importlib.import_module(f"main_{name}").run()
         out[name] = {f: store.counters.values.get(f, 0) - before.get(f, 0) for f in FIELDS}
+    from fa4cache.adapters.compile import server as compile_server
+
+    # Compile servers this process started (compile-ahead, FA4CACHE_VERIFY_HITS).
+    out["_process"] = {"servers": len(compile_server._live)}
     store.counters.flush()
     print("RESULT " + json.dumps(out), flush=True)
 

@@ -27,7 +27,7 @@ from tests.conftest import ROOT, finish, worker_env
 
 pytestmark = pytest.mark.compile
 
-_JIT_KERNEL = '''
+_JIT_KERNEL = """
 import cutlass
 import cutlass.cute as cute
 
@@ -58,10 +58,12 @@ def make(scale_of):
         return cute.compile(_launch, x, y, stream, options="--enable-tvm-ffi")
 
     return compile_scale
-'''
+"""
 
 
-def _mask_case(mask_expr: str, files: dict[str, tuple[str, str]], setup: str = "") -> dict[str, tuple[str, str]]:
+def _mask_case(
+    mask_expr: str, files: dict[str, tuple[str, str]], setup: str = ""
+) -> dict[str, tuple[str, str]]:
     """A raw FA4 mask_mod whose body is ``n_idx <= m_idx + <mask_expr>``."""
     main = f"""
 import cutlass.cute as cute
@@ -335,10 +337,16 @@ def _write(root: Path, cases: dict[str, dict[str, tuple[str, str]]], variant: in
                 f.unlink()
 
 
-def _start(cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False) -> subprocess.Popen[str]:
-    env = worker_env(store, FA4CACHE_COMPILE_AHEAD="1" if ahead else "0", PYTHONDONTWRITEBYTECODE="1")
+def _start(
+    cases_dir: Path, store: Path, names: list[str], *, ahead: bool = False, **extra: str
+) -> subprocess.Popen[str]:
+    env = worker_env(
+        store, FA4CACHE_COMPILE_AHEAD="1" if ahead else "0", PYTHONDONTWRITEBYTECODE="1", **extra
+    )
     # The cases' folders too: a compile server started by the process imports them by name.
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "helpers"), str(ROOT), *(str(cases_dir / n) for n in names)])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "tests" / "helpers"), str(ROOT), *(str(cases_dir / n) for n in names)]
+    )
     return subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.identity_runner", str(cases_dir), *names],
         cwd=ROOT,
@@ -465,7 +473,9 @@ def _round_two_cases() -> dict[str, dict[str, tuple[str, str]]]:
         "def run():\n    fa4_forward(mask_mod)\n"
     )
     return {
-        "raw_two_lambdas_one_line": {"MAIN": (lambdas.format(which="mask_a"), lambdas.format(which="mask_b"))},
+        "raw_two_lambdas_one_line": {
+            "MAIN": (lambdas.format(which="mask_a"), lambdas.format(which="mask_b"))
+        },
         "raw_os_environ": {"MAIN": (environ.format(w=64), environ.format(w=128))},
     }
 
@@ -479,3 +489,113 @@ def test_lambdas_by_their_code_and_library_reads_in_memory(tmp_path: Path) -> No
     for run in ("first", "second"):
         assert runs[run]["raw_os_environ"]["memory_only_compiles"] >= 1, runs[run]
         assert runs[run]["raw_os_environ"]["disk_hits"] == 0, runs[run]
+
+
+_PATCHED_FA4 = """
+import cutlass
+import cutlass.cute as cute
+import flash_attn.cute.mask as fa_mask
+from identity_runner import fa4_forward
+
+@cute.jit
+def mask_mod(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+    return n_idx <= m_idx + 64
+
+@cute.jit
+def call_mask_mod(mask_mod: cutlass.Constexpr, batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_data):
+    # A hot-fix of FA4's shim: every query one block later.
+    return mask_mod(batch_idx, head_idx, q_idx + 128, kv_idx, seqlen_info, aux_data.tensors)
+
+def run():
+    {patch}
+    fa4_forward(mask_mod)
+"""
+
+
+def test_fa4_patched_at_run_time_is_compiled_in_memory(tmp_path: Path) -> None:
+    # Process 1 runs FA4 as shipped; process 2 replaces flash_attn.cute.mask.call_mask_mod (a
+    # hot-fix) and runs the same mask. FA4's files, which the toolchain id digests, are the
+    # same: process 2 once loaded process 1's kernel, and a clean run of it filed other bytes
+    # under the same key.
+    cases = {
+        "fa4_patched": {
+            "MAIN": (
+                _PATCHED_FA4.format(patch="pass"),
+                _PATCHED_FA4.format(patch="fa_mask.call_mask_mod = call_mask_mod"),
+            )
+        }
+    }
+    runs = _check(tmp_path, cases)
+    assert runs["first"]["fa4_patched"]["compiles"] == 1, runs["first"]
+    for run in ("second", "own"):
+        row = runs[run]["fa4_patched"]
+        assert (row["disk_hits"], row["compiles"]) == (0, 0), row
+        assert row["memory_only_compiles"] >= 1, row
+        err = runs[run]["stderr"]
+        assert "flash_attn.cute.mask.call_mask_mod" in err and "replaced at run time" in err, err[-3000:]
+        assert err.count("replaced at run time") == 1, err[-3000:]
+
+
+_AHEAD_MASKS = """
+import os
+import sys
+
+import cutlass.cute as cute
+
+@cute.jit
+def plain(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+    return n_idx <= m_idx
+
+@cute.jit
+def by_environ(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+    return n_idx <= m_idx + int(os.environ.get("FA4CACHE_T49_WINDOW", "64"))
+
+@cute.jit
+def by_sys_modules(b, h, m_idx, n_idx, seqlen_info, aux_tensors):
+    return n_idx <= m_idx + sys.modules["ah49_cfg"].W
+"""
+
+_AHEAD_MAIN = """
+import os
+from identity_runner import fa4_forward_backward
+import ah49_cfg
+import ah49_masks as masks
+
+def run():
+    # The first forward's miss starts the compile server (compile-ahead): it was spawned
+    # with the environment and modules as they are now.
+    fa4_forward_backward(masks.plain)
+    {late}
+"""
+
+
+def test_compile_ahead_never_compiles_a_window_set_after_the_server_started(tmp_path: Path) -> None:
+    # Issue 49's last row: a window read through os.environ or sys.modules["cfg"].W, set by
+    # the script after its compile server started. The server resolves a mask by name and
+    # checks its key against the requester's; both keys once missed the value, and the
+    # server's backward (window 64) was served to the process (window 128). Both reads keep
+    # the kernels in memory now: the server is never asked, and the store holds nothing of them.
+    late = {
+        "ahead_environ": "os.environ['FA4CACHE_T49_WINDOW'] = '128'\n    fa4_forward_backward(masks.by_environ)",
+        "ahead_sys_modules": "ah49_cfg.W = 128\n    fa4_forward_backward(masks.by_sys_modules)",
+    }
+    src, shared, clean = tmp_path / "cases", tmp_path / "shared", tmp_path / "clean"
+    for name, text in late.items():
+        files = {"ah49_masks.py": (_AHEAD_MASKS,) * 2, "ah49_cfg.py": ("W = 64\n",) * 2}
+        _write(src, {name: {**files, "MAIN": (_AHEAD_MAIN.format(late=text),) * 2}}, 0)
+        only_plain = {**files, "MAIN": (_AHEAD_MAIN.format(late="pass"),) * 2}
+        _write(tmp_path / "plain", {name: only_plain}, 0)
+    names = sorted(late)
+    # The process with compile-ahead on (as by default), and the plain masks alone, ahead off.
+    ahead, plain = _side_by_side(
+        _start(src, shared, names, ahead=True), _start(tmp_path / "plain", clean, names[:1])
+    )
+    for name in names:
+        # The late mask's forward and backward (the kernels that take a mask_mod).
+        assert ahead[name]["memory_only_compiles"] >= 2, ahead[name]
+    err = ahead["stderr"]
+    assert "os.environ" in err and "sys.modules" in err, err[-3000:]
+    # The store holds the plain masks' kernels (the server compiled their backward) and
+    # nothing else: no kernel of the late masks, from the server or the process.
+    have, want = _entries(shared), _entries(clean)
+    assert have == want, f"other kernels in the store: {sorted(set(have) ^ set(want))}"

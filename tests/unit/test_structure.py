@@ -21,7 +21,8 @@ from tests.conftest import ROOT, run_cli
 # (function-level imports included). The package face (fa4cache/__init__) resolves lazily.
 LAYERS = (
     ("fa4cache.errors", "fa4cache.cache_dir", "fa4cache.settings", "fa4cache.hashing", "fa4cache.arch", "fa4cache.validate", "fa4cache.version",
-     "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity", "fa4cache.fa4_releases"),
+     "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity", "fa4cache.fa4_releases",
+     "fa4cache.patched_code"),
     ("fa4cache.store", "fa4cache.warmth"),
     ("fa4cache.masks",),
     ("fa4cache.ops", "fa4cache.aot"),
