@@ -34,15 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fa4cache.settings import setting
 
 from .paths import EntryRef
 from .tiers import Artifact, RemoteTier, verify_copy
-
-if TYPE_CHECKING:
-    from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +60,12 @@ class Copy:
     sidecar: bytes
     data: bytes
     refused: str = ""  # the transport's own check failed (a MAC): this warning, not loaded
+
+
+class Serves(Protocol):
+    """What the tier needs of its store (:meth:`fa4cache.store.store.Store.serve`)."""
+
+    def serve(self, ref: EntryRef) -> Artifact | None: ...
 
 
 Warn = Callable[[str, str], None]  # (tag, message): warned once per tag
@@ -149,11 +152,11 @@ class LeasedTier:
         self._renewer: threading.Thread | None = None
         self._wake = threading.Event()
         self._served_seen = 0
-        self._store: Store | None = None
+        self._store: Serves | None = None
         self.transport = transport(self.root, self._warn)
         self.name = self.transport.name
 
-    def attach(self, store: Store) -> None:
+    def attach(self, store: Serves) -> None:
         """The store this tier serves: :meth:`announce` reads this node's copy through it."""
         self._store = store
 
