@@ -225,3 +225,20 @@ def test_distributed_picks_the_tier_its_engine_registered(
     remote.register_tier("distributed", MemoryTier)
     assert isinstance(Store.at(tmp_path / "b", distributed=True).remote, MemoryTier)
     assert Store.at(tmp_path / "c").remote is None
+
+
+def test_a_claim_takes_the_job_wide_lease_without_waiting(tmp_path: Path, job: Job) -> None:
+    # What a cold kernel set split across a job's nodes claims with (Store.try_claim), over
+    # whichever transport the tier has.
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
+    digest = "f" * 64
+    t0 = time.monotonic()
+    mine = a.try_claim(digest)
+    assert mine is not None and digest in job.leases
+    assert b.try_claim(digest) is None  # another node holds it: left for later, no wait
+    assert time.monotonic() - t0 < 2
+    mine.release()  # ends the node lock and the lease
+    assert digest not in job.leases
+    theirs = b.try_claim(digest)
+    assert theirs is not None
+    theirs.release()
