@@ -21,6 +21,10 @@ if __name__ != "fa4cache.adapters":
 # (``install()`` and its state).
 _SUBMODULES = ("compile", "distributed", "fa4", "install", "jit", "patch", "route", "transformers")
 
+# The engines' remote tiers register here, from the adapter side (the store names none):
+# every process that loads an adapter can run FA4CACHE_DISTRIBUTED=1. Cheap: no torch.
+from fa4cache.adapters import distributed as _distributed  # noqa: E402, F401
+
 
 def __getattr__(name: str) -> _typing.Any:
     if name in _SUBMODULES:

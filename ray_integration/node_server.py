@@ -12,6 +12,7 @@ from fa4cache.store.paths import EntryRef
 
 log = logging.getLogger(__name__)
 
+
 class NodeServer:
     """Serves this node's copies of kernels to other nodes (verified, counted)."""
 
@@ -19,8 +20,8 @@ class NodeServer:
         from fa4cache.settings import Settings
         from fa4cache.store.store import Store
 
-        # Its own store on the same directory, without a remote tier: a server never asks
-        # the cluster for anything.
+        # The node's store, opened in this actor's process without a remote tier: a server
+        # only reads its node's verified copies (Store.serve), and never asks the cluster.
         self.store = Store(Settings.from_env(root, remote_tier=None))
         end_with_job()
         self.announce_inventory()
@@ -28,8 +29,7 @@ class NodeServer:
     def fetch(self, toolchain: str, kind: str, digest: str) -> tuple[bytes, bytes] | None:
         """The sidecar and artifact bytes of a local entry that verifies; None otherwise
         (a corrupt entry is quarantined here by the local tier, and never sent)."""
-        local = self.store.local
-        art = local.get(EntryRef(toolchain, kind, digest)) if local is not None else None
+        art = self.store.serve(EntryRef(toolchain, kind, digest))
         if art is None:
             return None
         self.store.count("served")

@@ -36,7 +36,12 @@ is destroyed. While it exists:
   (a ``FileStore``) is used through a ``PrefixStore``, never asked for a key that
   ``check`` did not find (its ``get`` would block for the group's timeout).
 * **Fallback.** Any store error or timeout: one warning, a local compile, and no store
-  calls for :data:`RETRY_AFTER` seconds. Nothing waits longer than the lock timeout.
+  calls for :data:`~fa4cache.store.remote.RETRY_AFTER` seconds. Nothing waits longer than
+  the lock timeout.
+
+What is said above is what :class:`C10dTransport` does; the verification of copies, the
+back-off, the acquire loop, lease renewal and the counts are the leased tier's
+(:mod:`fa4cache.store.remote`), shared with the Ray tier.
 
 Trust (docs/security.md): the processes that hold the job's key. Anyone else can write the
 store, but what they write never verifies: a copy is refused, a lease is taken over at once
@@ -56,20 +61,20 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fa4cache.settings import setting
 from fa4cache.store.auth import JobKey, job_key
 from fa4cache.store.paths import EntryRef
+from fa4cache.store.remote import BUSY, GRANTED, HELD, TAKEN_OVER, Check, Copy, LeasedTier, Warn
 from fa4cache.store.secure_io import pid_alive
 from fa4cache.store.sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar
-from fa4cache.store.tiers import Artifact, verify_copy
+from fa4cache.store.tiers import Artifact
 
 log = logging.getLogger(__name__)
 
 PREFIX = "fa4cache/v2"  # then the key's id; PrefixStore adds the "/"
 CHUNK = 4 << 20  # below the TCPStore server's 8 MiB payload limit
-RETRY_AFTER = 60.0  # seconds without store calls after a failure
 POLL = 0.2  # first wait between lease checks (doubles up to POLL_MAX)
 POLL_MAX = 1.0
 # ``host:port`` of the job's TCPStore, set by a rank for its own compile server: a process
@@ -181,28 +186,39 @@ def _bounded(fn: Callable[[], Any], timeout: float) -> Any:
     return box.get("value")
 
 
-class DistributedTier:
+class DistributedTier(LeasedTier):
     """The store's remote tier on torch.distributed (see the module docstring)."""
 
-    name = "distributed"
-
     def __init__(self, root: Path) -> None:
+        super().__init__(root, C10dTransport)
+
+    @property
+    def prefix(self) -> str:
+        """``fa4cache/v2/<key id>``: where this job's kernels are kept in its store, once connected."""
+        return cast(C10dTransport, self.transport).prefix
+
+
+class C10dTransport:
+    """Copies and leases through the job's c10d store (see the module docstring)."""
+
+    name = "distributed"
+    peer = "rank"
+    unreachable = "fa4cache: the job's c10d store is unreachable ({error}); compiling locally (shown once)"
+    bad_copy = (
+        "fa4cache: the job's copy of {kind} entry {digest} (from {source}) does not match its key or "
+        "checksum; not loading it"
+    )
+
+    def __init__(self, root: Path, warn: Warn) -> None:
         # Cheap and torch-free: stores are built in processes that never join a job.
         self.root = Path(root)
-        self.last_fetch_seconds = 0.0
-        self.last_source = ""
+        self._warn = warn
         self.lease_seconds = float(setting("FA4CACHE_CLUSTER_LEASE"))
         self.timeout = float(setting("FA4CACHE_CLUSTER_TIMEOUT"))
         self.host = socket.gethostname()
         self.namespace = _process_namespace()
         self.owner = f"{self.host}:{os.getpid()}:{self.namespace}:{secrets.token_hex(4)}"
-        self._lock = threading.RLock()
         self._store: Any = None
-        self._down_until = 0.0
-        self._warned: set[str] = set()
-        self._held_value: dict[str, str] = {}  # digest -> the lease value this rank wrote
-        self._local: Any = None
-        self._renewer: threading.Thread | None = None
         self._joined = False  # saw a process group (so its end is news)
         self._address: str | None = None  # host:port of the job's TCPStore, once connected
         self._key: JobKey | None = None
@@ -214,10 +230,6 @@ class DistributedTier:
         # value has not changed for a lease time by this process's own clock (its holder
         # renews it, changing the value, every third of that), whatever the hosts' clocks say.
         self._seen: dict[str, tuple[str, float]] = {}
-        self._served_seen = 0  # served counter already folded into the local store's counters
-        self.fetched = 0
-        self.uploaded = 0
-        self.handovers = 0
 
     # -- connection -------------------------------------------------------------------
     @property
@@ -226,22 +238,16 @@ class DistributedTier:
         rank = os.environ.get("RANK", "?")
         return f"rank{rank}@{self.host}:{os.getpid()}"
 
-    def active(self) -> bool:
-        return self._connect() is not None
-
-    def _connect(self) -> Any | None:
+    def connect(self) -> Any | None:
         dist = _dist()
         address = os.environ.get(JOB_STORE_ENV) if dist is None else None
         if dist is None and not address:
             if self._joined:
                 self._joined = False
-                with self._lock:
-                    self._store = None
+                self._store = None
                 self._warn("gone", "fa4cache: the process group is gone; compiling locally (shown once)")
             return None
         self._joined = dist is not None
-        if time.monotonic() < self._down_until:
-            return None
         if self._key is None and not self._no_key:
             key, why = job_key(self.root)
             self._key, self._no_key = key, ("" if key is not None else why)
@@ -257,15 +263,13 @@ class DistributedTier:
                 "and reading nothing from the job's store (shown once)",
             )
             return None
-        with self._lock:
-            if self._store is None:
-                try:
-                    self._store = self._open(dist) if dist is not None else self._open_address(address or "")
-                except Exception as e:
-                    self._fail(e)
-                    return None
-                self._note_key()
-            return self._store
+        if self._store is None:
+            self._store = self._open(dist) if dist is not None else self._open_address(address or "")
+            self._note_key()
+        return self._store
+
+    def disconnect(self) -> None:
+        self._store = None
 
     def _note_key(self) -> None:
         """Say once when the job's ranks hold different secrets: each shares only with ranks
@@ -326,162 +330,135 @@ class DistributedTier:
     def worker_env(self) -> dict[str, str]:
         """For this rank's compile server: the tier and the job's store address, so that
         what it compiles ahead is leased and uploaded like this rank's own compiles. Empty
-        outside a job, or where the job's store is no TCPStore (nothing to connect to)."""
-        if self._connect() is None or self._address is None:
+        where the job's store is no TCPStore (nothing to connect to)."""
+        if self._address is None:
             return {}
-        return {"FA4CACHE_REMOTE_TIER": f"{__name__}:{type(self).__name__}", JOB_STORE_ENV: self._address}
+        return {
+            "FA4CACHE_REMOTE_TIER": f"{__name__}:{DistributedTier.__name__}",
+            JOB_STORE_ENV: self._address,
+        }
 
-    def _fail(self, e: BaseException) -> None:
-        with self._lock:
-            self._store = None
-            self._held_value.clear()
-            self._down_until = time.monotonic() + RETRY_AFTER
-        first_line = str(e).splitlines()[0][:200] if str(e) else ""
-        self._warn(
-            "down",
-            f"fa4cache: the job's c10d store is unreachable ({type(e).__name__}: {first_line}); "
-            "compiling locally (shown once)",
-        )
-
-    def _warn(self, tag: str, message: str) -> None:
-        if tag not in self._warned:
-            self._warned.add(tag)
-            log.warning(message)
-
-    # -- the Tier protocol --------------------------------------------------------------
-    def get(self, ref: EntryRef) -> Artifact | None:
-        st = self._connect()
-        if st is None or self._key is None:
+    # -- copies -------------------------------------------------------------------------------
+    def fetch(self, ref: EntryRef, check: Check) -> Artifact | None:
+        st, key = self._store, self._key
+        if st is None or key is None:
             return None
-        t0 = time.perf_counter()
+        name = obj_key(ref.digest)
+        if not self._call(lambda: st.check([name])):
+            return None
+        value = self._call(lambda: st.get(name))
         try:
-            key = obj_key(ref.digest)
-            if not self._call(lambda: st.check([key])):
-                return None
-            value = self._call(lambda: st.get(key))
-            try:
-                got = parse_manifest(value, self._key, ref.digest)
-            except Unsigned as e:
-                self._refused[ref.digest] = value
-                self._warn(
-                    f"bad:{ref.digest}",
-                    f"fa4cache: the copy of {ref.kind} entry {ref.digest[:16]} in the job's store is not "
+            got = parse_manifest(value, key, ref.digest)
+        except Unsigned as e:
+            self._refused[ref.digest] = value
+            return check(
+                Copy(
+                    "?",
+                    b"",
+                    b"",
+                    refused=f"fa4cache: the copy of {ref.kind} entry {ref.digest[:16]} in the job's store is not "
                     f"signed by this job ({e}: someone outside the job wrote it, or a rank with another "
                     "FA4CACHE_JOB_SECRET); not loading it, compiling here",
                 )
-                return None
-            side_ok = Sidecar.parse(got[3], ref) if got is not None else None
-            if got is None or side_ok is None:
-                art, source = None, got[2] if got is not None else "?"
-            else:
-                n, size, source, side = got
-                keys = [chunk_key(ref.digest, side_ok.sha256, i) for i in range(n)]
-                data = b"".join(self._call(lambda: st.multi_get(keys)))
-                art = verify_copy(ref, side, data, tier=self.name) if len(data) == size else None
-        except Exception as e:
-            self._fail(e)
-            return None
+            )
+        side_ok = Sidecar.parse(got[3], ref) if got is not None else None
+        if got is None or side_ok is None:
+            copy = Copy(got[2] if got is not None else "?", b"", b"")  # malformed: fails the check
+        else:
+            n, size, source, side = got
+            keys = [chunk_key(ref.digest, side_ok.sha256, i) for i in range(n)]
+            data = b"".join(self._call(lambda: st.multi_get(keys)))
+            # Shorter or longer than its signed manifest says: damaged (fails the check).
+            copy = Copy(source, side, data) if len(data) == size else Copy(source, b"", b"")
+        art = check(Copy(f"torch.distributed {copy.source}", copy.sidecar, copy.data))
         if art is None:
             self._refused[ref.digest] = value
-            self._warn(
-                f"bad:{ref.digest}",
-                f"fa4cache: the job's copy of {ref.kind} entry {ref.digest[:16]} (from {source}) does "
-                "not match its key or checksum; not loading it",
-            )
             return None
-        self.last_fetch_seconds = time.perf_counter() - t0
-        self.last_source = f"torch.distributed {source}"
-        self.fetched += 1
-        self._call_quiet(lambda: st.add(served_key(source), 1))
+        self._call_quiet(lambda: st.add(served_key(copy.source), 1))
         return art
 
-    def announce(self, ref: EntryRef) -> None:
-        """Upload the local copy of ``ref`` to the job's store unless a copy is there."""
-        st = self._connect()
-        if st is None or self._key is None:
-            return
-        key = self._key
-        try:
-            refused = self._refused.pop(ref.digest, None)
-            if refused is None and self._call(lambda: st.check([obj_key(ref.digest)])):
-                return
-            art = self._local_dir().get(ref)
-            if art is None or art.sidecar.key is None:  # no key text: nothing binds the copy
-                return
-            data, sha = art.data, art.sidecar.sha256
-            chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
-            for i, c in enumerate(chunks):
-                self._call(lambda i=i, c=c: st.set(chunk_key(ref.digest, sha, i), c))
-            value = manifest(key, ref.digest, len(chunks), len(data), self.served_as, art.sidecar.to_bytes())
-            # The first manifest stays: a second uploader's chunks sit under their own names.
-            # One this rank refused (not the job's, or damaged) is replaced, if still there.
-            self._call(lambda: st.compare_set(obj_key(ref.digest), refused or "", value))
-            self.uploaded += 1
-        except Exception as e:
-            self._fail(e)
-
-    def acquire(self, digest: str, wait: float) -> bool:
-        """True: this rank compiles ``digest`` holding its lease. False: a copy is in the job's
-        store (fetch it), the store cannot say (compile without lease), or another rank held
-        the lease for ``wait`` seconds."""
-        st = self._connect()
-        if st is None:
+    def offer(self, ref: EntryRef, copy: Callable[[], Artifact | None]) -> bool:
+        """Upload this node's copy of ``ref`` to the job's store unless a copy is there."""
+        st, key = self._store, self._key
+        if st is None or key is None:
             return False
-        end = time.monotonic() + wait
-        poll = POLL
-        mine = ""
-        try:
-            while True:
-                if self._published(st, digest):
-                    return False
-                mine = self._lease_value(digest)
-                cur = _text(self._call(lambda m=mine: st.compare_set(lease_key(digest), "", m)))
-                if cur == mine:
-                    break
-                # Only one waiter's compare_set sees the value it read: that one takes over.
-                if (
-                    self._expired(digest, cur)
-                    and _text(self._call(lambda c=cur, m=mine: st.compare_set(lease_key(digest), c, m)))
-                    == mine
-                ):
-                    self.handovers += 1
-                    log.info("fa4cache: took over the compile lease of %s from %r", digest[:16], cur[:120])
-                    break
-                left = end - time.monotonic()
-                if left <= 0:
-                    if wait > 0:
-                        log.warning(
-                            "fa4cache: another rank has been compiling %s for over %.0f s; compiling here "
-                            "too (raise FA4CACHE_LOCK_TIMEOUT if compiles take this long)",
-                            digest[:16],
-                            wait,
-                        )
-                    return False
-                time.sleep(min(poll, left))
-                poll = min(poll * 2, POLL_MAX)
-        except Exception as e:
-            self._fail(e)
+        refused = self._refused.pop(ref.digest, None)
+        if refused is None and self._call(lambda: st.check([obj_key(ref.digest)])):
             return False
-        self._seen.pop(digest, None)
-        self._hold(digest, mine)
+        art = copy()
+        if art is None or art.sidecar.key is None:  # no key text: nothing binds the copy
+            return False
+        data, sha = art.data, art.sidecar.sha256
+        chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+        for i, c in enumerate(chunks):
+            self._call(lambda i=i, c=c: st.set(chunk_key(ref.digest, sha, i), c))
+        value = manifest(key, ref.digest, len(chunks), len(data), self.served_as, art.sidecar.to_bytes())
+        # The first manifest stays: a second uploader's chunks sit under their own names.
+        # One this rank refused (not the job's, or damaged) is replaced, if still there.
+        self._call(lambda: st.compare_set(obj_key(ref.digest), refused or "", value))
         return True
 
-    def release(self, digest: str) -> None:
-        with self._lock:
-            mine = self._held_value.pop(digest, None)
-            st = self._store
-        if mine is not None and st is not None:
-            self._call_quiet(lambda: st.compare_set(lease_key(digest), mine, ""))
+    @property
+    def served_as(self) -> str:
+        """The name this transport's uploads are counted under: one per tier object (several
+        stores in one process each fold their own count)."""
+        return f"{self.source}:{self.owner.rpartition(':')[2]}"
+
+    def served(self) -> int | None:
+        """Over a connection it already has (never a new one at exit, when the job's store
+        may be gone)."""
+        st = self._store
+        if st is None:
+            return None
+        return int(self._call(lambda: st.add(served_key(self.served_as), 0)))
+
+    # -- leases -------------------------------------------------------------------------------
+    def lease(self, digest: str) -> tuple[str, Any]:
+        st = self._store
+        if self._published(st, digest):
+            return HELD, None
+        mine = self._lease_value(digest)
+        cur = _text(self._call(lambda: st.compare_set(lease_key(digest), "", mine)))
+        if cur == mine:
+            self._seen.pop(digest, None)
+            return GRANTED, mine
+        # Only one waiter's compare_set sees the value it read: that one takes over.
+        if (
+            self._expired(digest, cur)
+            and _text(self._call(lambda: st.compare_set(lease_key(digest), cur, mine))) == mine
+        ):
+            log.info("fa4cache: took over the compile lease of %s from %r", digest[:16], cur[:120])
+            self._seen.pop(digest, None)
+            return TAKEN_OVER, mine
+        return BUSY, None
+
+    def wait(self, digest: str, seconds: float, attempt: int) -> None:
+        time.sleep(min(POLL * 2**attempt, POLL_MAX, seconds))
+
+    def renew(self, held: dict[str, Any]) -> dict[str, Any]:
+        st = self._store
+        if st is None:
+            return {}
+        renewed = {}
+        for digest, old in held.items():
+            new = self._lease_value(digest)
+            try:
+                if (
+                    _text(self._call(lambda d=digest, o=old, n=new: st.compare_set(lease_key(d), o, n)))
+                    == new
+                ):
+                    renewed[digest] = new
+            except Exception as e:
+                log.debug("fa4cache: lease renewal failed: %s", e)
+        return renewed
+
+    def release(self, digest: str, token: Any) -> None:
+        st = self._store
+        if st is not None:
+            self._call_quiet(lambda: st.compare_set(lease_key(digest), token, ""))
             self._seen.pop(digest, None)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _local_dir(self) -> Any:
-        if self._local is None:
-            from fa4cache.store.tiers import LocalDir
-
-            self._local = LocalDir(self.root, lambda *a: None, _NoLocks(), _NoCounters())  # type: ignore[arg-type]
-        return self._local
-
     def _published(self, st: Any, digest: str) -> bool:
         """A manifest is there, and not the one this rank refused (then compile: under the
         lease, and the upload replaces it)."""
@@ -515,68 +492,9 @@ class DistributedTier:
         assert self._key is not None  # the tier is off without a key
         return f"{body} {self._key.sign('lease', digest.encode(), body.encode())}"
 
-    def _hold(self, digest: str, value: str) -> None:
-        with self._lock:
-            self._held_value[digest] = value
-            if self._renewer is None:
-                self._renewer = threading.Thread(
-                    target=self._renew_loop, name="fa4cache-dist-lease", daemon=True
-                )
-                self._renewer.start()
-
-    def _renew_loop(self) -> None:
-        # A rank that dies stops renewing; its leases pass to a waiter at their deadline
-        # (at once for a dead process on the waiter's host).
-        while True:
-            time.sleep(self.lease_seconds / 3)
-            with self._lock:
-                held = dict(self._held_value)
-                st = self._store
-            if st is None:
-                continue
-            for digest, old in held.items():
-                new = self._lease_value(digest)
-                try:
-                    if (
-                        _text(
-                            self._call(lambda s=st, d=digest, o=old, n=new: s.compare_set(lease_key(d), o, n))
-                        )
-                        != new
-                    ):
-                        continue
-                    with self._lock:
-                        still = digest in self._held_value
-                        if still:
-                            self._held_value[digest] = new
-                    if not still:  # released meanwhile: its release saw the old value
-                        self._call(lambda s=st, d=digest, n=new: s.compare_set(lease_key(d), n, ""))
-                except Exception as e:
-                    log.debug("fa4cache: lease renewal failed: %s", e)
-
-    @property
-    def served_as(self) -> str:
-        """The name this tier's uploads are counted under: one per tier object (several
-        stores in one process each fold their own count)."""
-        return f"{self.source}:{self.owner.rpartition(':')[2]}"
-
-    def served_since_last(self) -> int:
-        """Kernels other ranks fetched from this tier's uploads since the last call. Asks the
-        job only if this tier uploaded, over a connection it already has (never a new one at
-        exit, when the job's store may be gone)."""
-        with self._lock:
-            st = self._store
-        if st is None or not self.uploaded:
-            return 0
-        try:
-            total = int(self._call(lambda: st.add(served_key(self.served_as), 0)))
-        except Exception:
-            return 0
-        n, self._served_seen = total - self._served_seen, total
-        return max(n, 0)
-
     def _call(self, fn: Callable[[], Any]) -> Any:
         """A store call bounded by ``FA4CACHE_CLUSTER_TIMEOUT``; a timeout drops the
-        connection like any failure (the caller's ``except`` calls :meth:`_fail`)."""
+        connection like any failure (the tier backs off)."""
         return _bounded(fn, self.timeout)
 
     def _call_quiet(self, fn: Any) -> None:
@@ -588,19 +506,6 @@ class DistributedTier:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-class _NoLocks:
-    """For reading the local copy to upload: a corrupt one is a miss here, never quarantined
-    (the store's own load path judges and quarantines)."""
-
-    def try_lock(self, digest: str) -> None:
-        return None
-
-
-class _NoCounters:
-    def add(self, *a: Any, **k: Any) -> None:
-        pass
 
 
 def single_flight_mode(

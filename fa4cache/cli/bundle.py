@@ -204,7 +204,7 @@ def _import_rebuilt(args: argparse.Namespace, store: Any) -> int:
         keep = sorted(set(rep.identical) | {ref for ref, _ in rep.not_rebuilt}, key=lambda x: x.digest)
         items = []
         for ref in keep:
-            art = scratch.local.get(ref) if scratch.local is not None else None
+            art = scratch.serve(ref)
             if art is None:
                 raise ConfigError(f"the scratch copy of {ref.digest[:16]} vanished; nothing was imported")
             items.append((ref, art.data, art.sidecar))

@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from fa4cache.errors import ConfigError, Fa4CacheError, InsecurePath
 from fa4cache.hashing import sha256_bytes
@@ -44,7 +44,10 @@ from fa4cache.settings import BY_NAME, setting
 from .paths import TOOLCHAIN_FILE, EntryRef, Layout, is_digest
 from .secure_io import CLOEXEC, NOFOLLOW, NONBLOCK, only_me, owners, problem, read_checked, unlink_quiet
 from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, _plain
-from .tiers import Integrity, read_entry
+from .tiers import Artifact, Integrity, read_entry
+
+if TYPE_CHECKING:
+    from .store import Store
 
 MAGIC = b"FA4CBUN1"
 FORMAT = 2  # 2: blobs carry packed_sha256
@@ -514,46 +517,23 @@ def show_bundle(path: Path, trusted: frozenset[int]) -> Manifest:
 
 
 def publish_entries(
-    store: Any, items: Iterable[tuple[EntryRef, bytes, Sidecar]], received: str
+    store: Store, items: Iterable[tuple[EntryRef, bytes, Sidecar]], received: str
 ) -> tuple[list[EntryRef], int, int]:
-    """Publish verified ``items`` into ``store`` one by one under each key's lock; entries
-    already present or being compiled are skipped. All or nothing: an error (the bundle
-    changed under us, the disk filled, ^C) takes back what was published. Returns (the
-    refs published, how many were present, how many busy)."""
-    imported: list[EntryRef] = []
-    present = busy = 0
-    try:
-        for ref, data, sidecar in items:
-            local = store.local.get(ref) if store.local is not None else None
-            if local is not None:
-                present += 1
-                continue
-            try:
-                lk = store.locks.try_lock(ref.digest)
-            except OSError:  # an unusable lock file: leave that key alone
-                lk = None
-            if lk is None:
-                busy += 1  # being compiled or published here right now
-                continue
-            try:
-                if store.local.get(ref) is not None:
-                    present += 1
-                elif store.publish_bytes(ref, data, received=received, **sidecar.facts()):
-                    imported.append(ref)
-                else:
-                    raise BundleError(f"cannot write to {store.root} (see the warning above)")
-            finally:
-                lk.release(force=True)
-    except BaseException:
-        for ref in imported:
-            unlink_quiet(store.layout.sidecar_path(ref))
-            unlink_quiet(store.layout.object_path(ref))
-            unlink_quiet(store.layout.use_path(ref))
-        raise
-    return imported, present, busy
+    """Take verified ``items`` into ``store`` (:meth:`~fa4cache.store.store.Store.receive`:
+    one by one under each key's lock; entries present or being compiled are skipped; all or
+    nothing). Returns (the refs published, how many were present, how many busy); raises
+    :class:`BundleError` if one could not be written (nothing of the bundle stays)."""
+    arts = (
+        Artifact(ref=ref, data=data, sidecar=sidecar, from_base=True, tier="bundle")
+        for ref, data, sidecar in items
+    )
+    got = store.receive(arts, received=received)
+    if got.failed is not None:
+        raise BundleError(f"cannot write to {store.root} (see the warning above)")
+    return list(got.published), got.present, got.busy
 
 
-def import_bundle(store: Any, path: Path) -> ImportReport:
+def import_bundle(store: Store, path: Path) -> ImportReport:
     """Publish every entry of the bundle at ``path`` into ``store`` (a writable
     :class:`~fa4cache.store.Store`): all verified first, then published one by one under
     each key's lock; entries already present (verified) or being compiled are skipped.

@@ -16,7 +16,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
 from . import counters as _counters
 from .locks import KeyLocks, release
+from .remote import named_tier
 from .root import open_root, readable_root, usable_base
 from .secure_io import (
     atomic_write,
@@ -43,7 +45,16 @@ from .sidecar import MAX_ARTIFACT_BYTES, MAX_SIDECAR_BYTES, Sidecar, UseRecord
 from .tiers import Artifact, LocalDir, ReadOnlyBase, RemoteTier, Tier, load_tier_class
 
 log = logging.getLogger(__name__)
-DISTRIBUTED_TIER = "fa4cache.adapters.distributed.tier:DistributedTier"  # FA4CACHE_DISTRIBUTED=1
+
+
+@dataclass(frozen=True)
+class Received:
+    """What :meth:`Store.receive` did: entries published, present already, being compiled here."""
+
+    published: tuple[EntryRef, ...]
+    present: int
+    busy: int
+    failed: EntryRef | None = None  # could not be written: nothing of the call stays
 
 
 class Store:
@@ -104,13 +115,25 @@ class Store:
         return tuple(local + bases + ([self.remote] if self.remote else []))
 
     def _remote_tier(self) -> RemoteTier | None:
-        spec = self.settings.remote_tier or (DISTRIBUTED_TIER if self.settings.distributed else None)
+        # FA4CACHE_REMOTE_TIER names a module:Class; FA4CACHE_DISTRIBUTED=1 picks the tier its
+        # engine's package registered as "distributed" (the store names no engine).
+        spec = self.settings.remote_tier or ("distributed" if self.settings.distributed else None)
         if not spec or not self.writable:  # fetched bytes load from the local directory only
             return None
         try:
-            tier = load_tier_class(spec)(self.root)
+            if self.settings.remote_tier:
+                factory = load_tier_class(spec)
+            else:
+                factory = named_tier(spec)
+                if factory is None:  # nothing in this process can run a job's kernels anyway
+                    log.info("fa4cache: no %s tier is registered in this process; local only", spec)
+                    return None
+            tier = factory(self.root)
             if not isinstance(tier, RemoteTier):
                 raise TypeError(f"{spec} lacks {RemoteTier.__name__}'s get/acquire/release/announce")
+            attach = getattr(tier, "attach", None)
+            if attach is not None:  # a LeasedTier reads the copies it offers through this store
+                attach(self)
             return tier
         except Exception as e:  # an unreachable cluster is a local compile, never a failure
             self._warn_once(
@@ -263,8 +286,7 @@ class Store:
             if tier is self.remote:
                 self.counters.add("remote_hits")
                 self.counters.add("remote_seconds", self.remote.last_fetch_seconds)
-                via = self.remote.last_source or tier.name
-                self.publish_bytes(ref, art.data, received=f"{via}"[:1024], **art.sidecar.facts())
+                self.receive([art], received=self.remote.last_source or tier.name, locked=True)
             return art
         return None
 
@@ -435,6 +457,64 @@ class Store:
             self._publish_failed(e)
             return False
         return self.publish(ref, staged, **facts)
+
+    # ------------------------------------------------------------------ peers
+
+    def serve(self, ref: EntryRef) -> Artifact | None:
+        """This store's own verified copy of ``ref``, to hand to another node (a node server,
+        a job-wide tier's upload, a bundle's present-check); None if it has none. A corrupt
+        copy is judged by the local tier as in :meth:`load` (quarantined, confirmed under the
+        key's lock), and never served."""
+        return self.local.get(ref) if self.local is not None else None
+
+    def receive(self, arts: Iterable[Artifact], *, received: str, locked: bool = False) -> Received:
+        """Take verified bytes from elsewhere (a peer's copy, a bundle) into this store, one
+        entry at a time, each published atomically under its key's lock with ``received``
+        as its provenance. ``locked``: the caller holds the key's lock already (the load path
+        holds it while it fetches); else each key's lock is tried, and an entry present here
+        (verified) or being compiled here (its lock held) is skipped.
+
+        All or nothing: if one cannot be written (the warning says why), or anything raises
+        meanwhile (a bundle that changed under us, ^C), the entries this call published are
+        taken back; :attr:`Received.failed` names the one that failed."""
+        published: list[EntryRef] = []
+        present = busy = 0
+        try:
+            for art in arts:
+                ref = art.ref
+                if not locked and self.serve(ref) is not None:
+                    present += 1
+                    continue
+                lk = None
+                if not locked:
+                    try:
+                        lk = self.locks.try_lock(ref.digest)
+                    except OSError:  # an unusable lock file: leave that key alone
+                        lk = None
+                    if lk is None:
+                        busy += 1  # being compiled or published here right now
+                        continue
+                try:
+                    if not locked and self.serve(ref) is not None:
+                        present += 1
+                    elif self.publish_bytes(ref, art.data, received=received[:1024], **art.sidecar.facts()):
+                        published.append(ref)
+                    else:
+                        self._withdraw(published)
+                        return Received((), present, busy, failed=ref)
+                finally:
+                    if lk is not None:
+                        lk.release(force=True)
+        except BaseException:
+            self._withdraw(published)
+            raise
+        return Received(tuple(published), present, busy)
+
+    def _withdraw(self, refs: Iterable[EntryRef]) -> None:
+        for ref in refs:  # sidecar first: a kill in between leaves a miss
+            unlink_quiet(self.layout.sidecar_path(ref))
+            unlink_quiet(self.layout.object_path(ref))
+            unlink_quiet(self.layout.use_path(ref))
 
     def _publish_failed(self, e: Exception) -> None:
         self.counters.add("publish_errors")

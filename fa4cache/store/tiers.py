@@ -7,8 +7,10 @@ verified bytes for it?" (:meth:`Tier.get`) and, for tiers that accept them, "kee
 * :class:`LocalDir`: the store's own directory (ours alone; a corrupt entry is quarantined);
 * :class:`ReadOnlyBase`: a base store owned by a trusted uid (never written, never repaired);
 * a remote tier, named ``module:Class`` by ``FA4CACHE_REMOTE_TIER`` (the Ray cluster tier,
-  :mod:`fa4cache.ray_integration.cluster`): bytes it returns are re-verified and written
-  to the local directory before they load.
+  :mod:`fa4cache.ray_integration.cluster`) or registered by name (the torch.distributed tier;
+  :func:`fa4cache.store.remote.register_tier`): bytes it returns are re-verified and written
+  to the local directory (:meth:`~fa4cache.store.store.Store.receive`) before they load. Both
+  are a :class:`~fa4cache.store.remote.LeasedTier` over their engine's transport.
 
 Every tier hands back the same :class:`Artifact`: bytes read from one descriptor and
 checked against their sidecar, so what loads is what was verified. A directory tier holds
@@ -85,11 +87,14 @@ class Tier(Protocol):
 class RemoteTier(Tier, Protocol):
     """A tier shared with other nodes of a job (the Ray cluster's, torch.distributed's).
 
-    Named by ``FA4CACHE_REMOTE_TIER=module:Class`` and built as ``Class(root)``, with the
+    Named by ``FA4CACHE_REMOTE_TIER=module:Class`` (or registered by name: the store's
+    ``FA4CACHE_DISTRIBUTED``) and built as ``Class(root)``, with the
     local store's directory (a node serves its copies from there). Construction must be
     cheap and must not connect: stores are built in processes that never join a job.
     Every method is best effort: a tier that cannot reach its job answers a miss (``get``),
     "compile it here" (``acquire``), or nothing, and never raises into a load or a compile.
+    A tier with an ``attach(store)`` method is handed its store once built (a
+    :class:`~fa4cache.store.remote.LeasedTier` reads the copies it offers through it).
     """
 
     last_fetch_seconds: float  # how long the last successful ``get`` took
@@ -260,6 +265,7 @@ class _DirTier:
 
     def on_corrupt(self, ref: EntryRef, why: str) -> Artifact | None:
         raise NotImplementedError
+
 
 class ReadOnlyBase(_DirTier):
     """A base store: trusted owners only, never written or repaired."""

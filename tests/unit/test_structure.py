@@ -6,9 +6,11 @@ import ast
 import importlib
 import importlib.util
 import logging
+import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,72 @@ def test_nothing_imports_upward() -> None:
             if dep != "fa4cache" and _layer(dep) > _layer(name):
                 offenders.append(f"{name} -> {dep}")
     assert not offenders, "upward imports: " + ", ".join(sorted(offenders))
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    """The string constants of a module, its docstrings left out (prose may name any layer)."""
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
+
+
+def _upward_strings(name: str, source: str, mods: Iterable[str]) -> list[str]:
+    """Modules of a higher layer than ``name`` that its code names in a string that is a
+    reference (a module, ``module:Class``, an f-string's ``fa4cache.pkg.`` head), not prose (a
+    message that tells the user which function to call): an import the import graph cannot see."""
+    known = set(mods)
+    found = []
+    for text in _strings(ast.parse(source)):
+        ref = re.fullmatch(r"(fa4cache(?:\.\w+)+)\.?(?::\w*)?", text.strip())
+        if ref is not None:
+            dotted = ref.group(1)
+            parts = dotted.split(".")
+            target = next(
+                (".".join(parts[:i]) for i in range(len(parts), 1, -1) if ".".join(parts[:i]) in known), None
+            )
+            if target is not None and _layer(target) > _layer(name):
+                found.append(f"{name} -> {dotted!r}")
+    return found
+
+
+def test_nothing_names_a_higher_layer_in_a_string() -> None:
+    # The store once named the torch.distributed tier as "fa4cache.adapters....:DistributedTier":
+    # an upward arrow no import showed. Engines register their tiers from their own side.
+    mods = _modules()
+    offenders = [
+        o
+        for name, path in mods.items()
+        if name != "fa4cache"
+        for o in _upward_strings(name, path.read_text(), mods)
+    ]
+    assert not offenders, "upward references by string: " + ", ".join(sorted(offenders))
+
+
+def test_the_string_check_sees_a_module_class_name() -> None:
+    mods = ("fa4cache.store.store", "fa4cache.adapters.distributed.tier")
+    source = 'X = "fa4cache.adapters.distributed.tier:DistributedTier"\n'
+    assert _upward_strings("fa4cache.store.store", source, mods) == [
+        "fa4cache.store.store -> 'fa4cache.adapters.distributed.tier'"
+    ]
+    assert _upward_strings(
+        "fa4cache.store.store",
+        'f"fa4cache.adapters.distributed.{x}"\n',
+        mods + ("fa4cache.adapters.distributed",),
+    )
+    # Docstrings and messages may name any layer; a lower layer may be named anywhere.
+    doc = '"""See fa4cache.adapters.distributed.tier."""\nY = "fa4cache.store.store"\nZ = "see fa4cache.adapters.distributed.tier"\n'
+    assert _upward_strings("fa4cache.adapters.distributed.tier", doc, mods) == []
+    assert _upward_strings("fa4cache.store.store", doc, mods) == []
 
 
 def test_no_import_circles() -> None:
