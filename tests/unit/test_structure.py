@@ -24,7 +24,7 @@ LAYERS = (
      "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity", "fa4cache.fa4_releases"),
     ("fa4cache.store", "fa4cache.warmth"),
     ("fa4cache.masks",),
-    ("fa4cache.ops", "fa4cache.aot"),
+    ("fa4cache.ops", "fa4cache.decode", "fa4cache.aot"),
     ("fa4cache.adapters",),
     ("fa4cache.ray_integration",),
     ("fa4cache.cli", "fa4cache.__main__"),
@@ -357,7 +357,7 @@ UNTESTED_TODAY = frozenset(
     fa4cache.masks.document
     fa4cache.masks.draft
     fa4cache.masks.template
-    fa4cache.ops.decode_split_triton
+    fa4cache.decode.split_kv_triton
     fa4cache.ops.packed_attention
     fa4cache.ops.sequence_add_triton
     fa4cache.ray_integration.actors
