@@ -27,9 +27,9 @@ from fa4cache.adapters.fa4.import_hook import PostImportHook
 from fa4cache.adapters.route import Route, _Patch
 
 from fa4cache import fa4_releases
+from fa4cache.decode.observe import unobserved
 from fa4cache.errors import FA4NotAvailable
 from fa4cache.fa4_releases import Coupling
-from fa4cache.ops import launch_plans
 from fa4cache.settings import Settings, setting
 from fa4cache.store import counters as _counters
 from fa4cache.store import runtime
@@ -74,7 +74,7 @@ def _patch_module(inst: Route, module: types.ModuleType) -> int:
         if getattr(obj, "__module__", module.__name__) != module.__name__:
             continue  # imported from elsewhere: patched in its home module
         # Not a decode call's planning-time wrapper (another thread may be observing FA4).
-        original = launch_plans.unobserved(obj.compile_cache)
+        original = unobserved(obj.compile_cache)
         seed = getattr(original, "cache", original if isinstance(original, dict) else None)
         cache = StoreCompileCache(kind_for(name), inst, seed=dict(seed) if isinstance(seed, dict) else None)
         obj.compile_cache = cache

@@ -1,5 +1,5 @@
 """A decode step's attention on the GPU alone, inside CUDA graphs (what the compiled path
-replays): fa4cache's KV-cache call with split decoding (:mod:`fa4cache.ops.decode_split`,
+replays): fa4cache's KV-cache call with split decoding (:mod:`fa4cache.decode.split_kv`,
 the default of the compiled path) and without (``FA4CACHE_DECODE_SPLIT=0``: one FA4 call
 over each sequence's whole cache), against sdpa with transformers' static-cache mask and
 without a mask. GPU µs per call: a graph of 50 calls replayed, the median of 5 replays,
@@ -50,12 +50,14 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import choose, kv_cache
+    from fa4cache.settings import reread_decode_switches
 
     torch.manual_seed(0)
 
     def ours(split: bool, *args: Any) -> Any:
         os.environ["FA4CACHE_DECODE_SPLIT"] = "1" if split else "0"
+        reread_decode_switches()  # read once a process otherwise
         return kv_cache.forward(*args)
 
     rows, data = [], []
@@ -83,7 +85,8 @@ def main() -> None:
                         runs[name].append(gpu_us(fns[name]))
                 us = {n: statistics.median(t) for n, t in runs.items()}
                 os.environ["FA4CACHE_DECODE_SPLIT"] = "1"
-                plan = kv_cache.split_plan(B * Hkv, Tk, D)
+                reread_decode_switches()
+                plan = choose.split_plan(B * Hkv, Tk, D)
                 row = {
                     "heads": f"{Hq}:{Hkv}",
                     "D": D,
@@ -101,6 +104,7 @@ def main() -> None:
                 ])  # fmt: skip
                 print(row, flush=True)
     os.environ.pop("FA4CACHE_DECODE_SPLIT", None)
+    reread_decode_switches()
     headers = [
         "Hq:Hkv", "D", "B", "Tk", "split (S x keys)", "fa4cache unsplit µs", "fa4cache split µs", "sdpa, mask µs",
         "sdpa, no mask µs", "unsplit / split", "sdpa mask / split", "max |split - unsplit|",

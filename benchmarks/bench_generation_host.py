@@ -47,12 +47,13 @@ def _config(layers: int, head_dim: int) -> Any:
 def _stub_fa4() -> None:
     """FA4's kernel out of the measurement: the KV-cache and varlen calls return their
     output buffer (preallocated by the adapter, or allocated here once per call)."""
-    from fa4cache.ops import kv_cache, varlen_calls
+    from fa4cache.decode import launch
+    from fa4cache.ops import varlen_calls
 
     def fwd(q: Any, k: Any, v: Any, out: Any = None, **kw: Any) -> Any:
         return out if out is not None else q.new_zeros(*q.shape[:-1], v.shape[-1])
 
-    kv_cache._fa4_forward = fwd
+    launch._fa4_forward = fwd
 
     def vforward(q: Any, k: Any, v: Any, calls: Any, scale: Any, softcap: float = 0.0) -> Any:
         import torch
@@ -74,9 +75,9 @@ def _kernels(counts: Any) -> int:
 
 
 def _custom_impls() -> dict[str, Any]:
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import kv_cache, paged
 
-    return {"fa4cache.kv_cache_attention": kv_cache.forward, "fa4cache.varlen_kv_attention": kv_cache.varlen_forward}
+    return {"fa4cache.kv_cache_attention": kv_cache.forward, "fa4cache.varlen_kv_attention": paged.varlen_forward}
 
 
 class _Count:
@@ -230,8 +231,8 @@ def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, re
         return None
     from fa4cache.adapters.transformers import attention
 
-    from fa4cache.ops import kv_cache
-    from fa4cache.ops import launch_plans as lp
+    from fa4cache.decode import launch, plan
+    from fa4cache.decode import launch_plans as lp
 
     key = ("bench_generation_host", "no-op kernel")
 
@@ -255,10 +256,10 @@ def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, re
             self.layer_idx, self.is_causal = 3, True
             self.config = SimpleNamespace(layer_types=["full_attention"] * 8)
 
-    saved = (fi._flash_attn_fwd.compile_cache, kv_cache._fa4_forward, lp._plain, list(lp._verified))
+    saved = (fi._flash_attn_fwd.compile_cache, launch._fa4_forward, launch._plain, list(lp._verified))
     fi._flash_attn_fwd.compile_cache = OneKernel()
-    kv_cache._fa4_forward = fa4
-    lp._plain = lambda tensors: True
+    launch._fa4_forward = fa4
+    launch._plain = lambda tensors: True
     lp._verified[:] = [True]
     lp.clear()
     try:
@@ -271,7 +272,7 @@ def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, re
         with torch.no_grad():
             for _ in range(100):
                 attention.attention_forward(layer, q, k, v, mask, scaling=scale)
-            if not any(type(x) is lp.Plan for x in lp._plans.values()):
+            if not any(type(x) is plan.Plan for x in lp._plans.values()):
                 return None  # no replay: not what is measured here
             best = []
             for _ in range(repeats):
@@ -281,7 +282,7 @@ def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, re
                 best.append((time.perf_counter() - t0) / calls * 1e6)
         return min(best)
     finally:
-        fi._flash_attn_fwd.compile_cache, kv_cache._fa4_forward, lp._plain = saved[:3]
+        fi._flash_attn_fwd.compile_cache, launch._fa4_forward, launch._plain = saved[:3]
         lp._verified[:] = saved[3]
         lp.clear()
 

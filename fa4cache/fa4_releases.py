@@ -62,7 +62,7 @@ RELEASES: tuple[Release, ...] = (
         "e4396f5351a9ac6392338500ec58bb19f4c511a697999efcf7fe13084ef764e3",
         ALL - {Coupling.AUTOTUNE},
     ),
-    # Launch plans: planned against b36's decode path only (tests/unit/test_launch_plans.py
+    # Launch plans: planned against b36's decode path only (tests/decode/test_launch_plans.py
     # reads helpers b40 removed). Interval masking: shown on the H200 against FA4's
     # element-wise mask_mod and the fp32 reference (benchmarks/results/fa4_releases_h200.md).
     Release(

@@ -275,14 +275,14 @@ SETTINGS: tuple[Setting, ...] = (
             "([FA4 releases](fa4-releases.md))"),
     Setting("FA4CACHE_LAUNCH_PLANS", parse_flag, True, "`0`: FA4 plans every KV-cache attention call "
             "itself (by default a call whose kind it planned before replays that launch: "
-            "fa4cache.ops.launch_plans)", job=False),
+            "fa4cache.decode.launch_plans)", job=False),
     Setting("FA4CACHE_DECODE_SPLIT", parse_flag, True, "`0`: a compiled decode step (torch.compile, "
             "CUDA graphs) calls FA4 once over each sequence's whole cache (by default a long cache at "
-            "small batch is split in chunks over more SMs and combined: fa4cache.ops.decode_split)"),
+            "small batch is split in chunks over more SMs and combined: fa4cache.decode.split_kv)"),
     Setting("FA4CACHE_ONE_ROW_SDPA", parse_flag, True, "`0`: an eager decode step of one sequence with "
             "no padding runs on FA4 too (by default it runs on PyTorch's SDPA kernel, as transformers' "
             "sdpa does: at one row FA4's launch from Python costs more host time than its kernel saves; "
-            "fa4cache.ops.one_row_decode)"),
+            "fa4cache.decode.one_row_sdpa)"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SETTINGS}
 REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
@@ -291,6 +291,39 @@ REMOVED_TRUST_SHARED = "FA4CACHE_TRUST_SHARED"
 def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The parsed value of one declared variable (its default when unset)."""
     return BY_NAME[name].read(environ)
+
+
+@dataclass(frozen=True)
+class DecodeSwitches:
+    """The decode path's three switches (:func:`fa4cache.decode.choose.choose` reads them),
+    read once a process (:func:`decode_switches`): looking up an unset variable in
+    ``os.environ`` raises and catches a KeyError, microseconds in every decode layer."""
+
+    one_row_sdpa: bool = True  # FA4CACHE_ONE_ROW_SDPA
+    split: bool = True  # FA4CACHE_DECODE_SPLIT
+    launch_plans: bool = True  # FA4CACHE_LAUNCH_PLANS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DecodeSwitches:
+        return cls(*(bool(setting(name, environ)) for name in DECODE_SWITCHES))
+
+
+DECODE_SWITCHES = ("FA4CACHE_ONE_ROW_SDPA", "FA4CACHE_DECODE_SPLIT", "FA4CACHE_LAUNCH_PLANS")
+_decode_switches: list[DecodeSwitches] = []  # [the switches], once read
+
+
+def decode_switches() -> DecodeSwitches:
+    """The decode switches as this process read them, at its first decode call or at the
+    last :func:`reread_decode_switches` (a change of ``os.environ`` in between is not seen)."""
+    if not _decode_switches:
+        _decode_switches.append(DecodeSwitches.from_env())
+    return _decode_switches[0]
+
+
+def reread_decode_switches() -> DecodeSwitches:
+    """Read the decode switches from ``os.environ`` again (after changing them in-process)."""
+    _decode_switches[:] = [DecodeSwitches.from_env()]
+    return _decode_switches[0]
 
 
 def apply_log_level(environ: Mapping[str, str] | None = None) -> str | None:

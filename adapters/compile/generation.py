@@ -1,8 +1,8 @@
 """``fa4cache warm --hf-config PATH --generation``: cross-compile, on the CPU, the FA4
 kernels that generation with ``attn_implementation="fa4cache"`` runs for that model
-(:mod:`fa4cache.ops.kv_cache`): a KV-cache step (decode, and prefill into a static cache) and a
+(:mod:`fa4cache.decode`): a KV-cache step (decode, and prefill into a static cache) and a
 continuous-batching step (decode, and steps with prompts), for full and sliding layers, and
-the compiled path's split decode call (:mod:`fa4cache.ops.decode_split`).
+the compiled path's split decode call (:mod:`fa4cache.decode.split_kv`).
 
 Each is one call of the adapter's own op body on fake CUDA tensors (the per-row lengths
 are computed on real CPU tensors first, as the masks of the packed path are); batch size
@@ -20,7 +20,7 @@ from fa4cache.errors import quiet_library_warnings
 
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256
-# Keys of the split decode call (more than decode_split.MIN_KEYS).
+# Keys of the split decode call (more than split_kv.MIN_KEYS).
 _SPLIT_KEYS = 2048
 
 
@@ -55,19 +55,19 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
     from fa4cache.adapters.compile.warm_specs import _absorb_fake_data_ptr_warning
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import choose, key_ranges, kv_cache, paged, step_ranges
 
     def cache_step(mask: Any, Tq: int, window: int | None, split: tuple[int, int] | None = None) -> None:
         """One KV-cache call (the op's body) over ``mask``'s rows and slots, ``Tq`` queries."""
         B, T = mask.shape
-        lengths = kv_cache._sequences(mask, None, B, heads_kv, T, split=split)
+        lengths = key_ranges._sequences(mask, None, B, heads_kv, T, split=split)
         with FakeTensorMode(), torch.no_grad():
             # torch warns once per process when the DSL reads a fake tensor's data pointer,
             # from C++ where no filter applies: take that warning here, filtered (-j warm
             # workers took theirs in their own processes, not in this one).
             _absorb_fake_data_ptr_warning()
             fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-            kv_cache.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
+            step_ranges.sequences = lambda *a, fake=fake, **kw: fake  # type: ignore[assignment]
             q = torch.empty(B, heads, Tq, head_dim, dtype=dtype, device="cuda")
             k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="cuda")
             kv_cache.forward(q, k, k, mask, None, True, window, head_dim**-0.5, softcap)
@@ -75,7 +75,7 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
     B, T = 2, 300
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, :5] = False
-    real_sequences = kv_cache.sequences
+    real_sequences = step_ranges.sequences
     calls = 0
     try:
         for Tq in (1, _PREFILL_QUERIES):
@@ -89,16 +89,16 @@ def _calls(heads: int, heads_kv: int, head_dim: int, window: int | None, softcap
                 q = torch.empty(1, heads, n_q, head_dim, dtype=dtype, device="cuda")
                 k = torch.empty(1, heads_kv, 2 * T, head_dim, dtype=dtype, device="cuda")
                 max_q = 1 if Tq == 1 else _PREFILL_QUERIES // 2
-                kv_cache.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
+                paged.varlen_forward(q, k, k, cq, ck, max_q, T, True, window, head_dim**-0.5, softcap)
             calls += 1
-        # The compiled path's split decode (fa4cache.ops.decode_split: FA4 with its LSE), where
+        # The compiled path's split decode (fa4cache.decode.split_kv: FA4 with its LSE), where
         # the target splits a long cache at batch 1.
-        split = kv_cache.split_plan(heads_kv, _SPLIT_KEYS, head_dim) if window is None else None
+        split = choose.split_plan(heads_kv, _SPLIT_KEYS, head_dim) if window is None else None
         if split is not None:
             cache_step(torch.ones(1, _SPLIT_KEYS, dtype=torch.bool), 1, None, split)
             calls += 1
     finally:
-        kv_cache.sequences = real_sequences  # type: ignore[assignment]
+        step_ranges.sequences = real_sequences  # type: ignore[assignment]
     return calls
 
 

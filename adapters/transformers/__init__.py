@@ -23,7 +23,7 @@ What it does, per forward step (the mask is built once and shared by every layer
 * **Logit softcapping** (Gemma 2) runs in FA4's kernels (its softcap score_mod).
 * **Steps over a KV cache** (``generate`` with a dynamic or static cache, any batch, left
   padding; decode and prefill into a static cache) run as one FA4 call per layer over
-  the cache as it lies (:mod:`fa4cache.ops.kv_cache`), with sliding windows and softcapping, no host
+  the cache as it lies (:mod:`fa4cache.decode.kv_cache`), with sliding windows and softcapping, no host
   sync and one kernel per layer kind whatever the batch size or cache length.
 * Attention dropout, 4-D masks without document boundaries, KV-cache steps with neither
   a 2-D mask nor ``position_ids``, gradients through a KV-cache step, attention sinks
@@ -37,7 +37,7 @@ Host syncs: none with ``cu_seq_lens`` or a 2-D padding mask, or with ``position_
 ``register(max_documents=N)`` bounds the documents per step (what CUDA-graph capture needs);
 otherwise the documents of a step are counted once (one sync per step, not per layer).
 An eager decode step of one row reads its mask once, as sdpa does: without padding it runs
-on sdpa's kernel (:mod:`fa4cache.ops.one_row_decode`). transformers itself checks
+on sdpa's kernel (:mod:`fa4cache.decode.one_row_sdpa`). transformers itself checks
 ``position_ids`` for packing once per forward in eager mode.
 
 ``register()`` also makes transformers' own ``"flash_attention_4"`` path take packed
@@ -54,7 +54,8 @@ from typing import Any
 from fa4cache.adapters.compile import ahead as compile_ahead
 
 import fa4cache
-from fa4cache.ops import kv_cache, packed_attention
+from fa4cache.decode import op as decode_op
+from fa4cache.ops import packed_attention
 from fa4cache.ops.step_mask import set_max_documents
 
 from .attention import attention_forward
@@ -86,7 +87,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
     fa4cache.install()
     compile_ahead.watch_model_loads()
     packed_attention.op()
-    kv_cache.op()
+    decode_op.op()
     # (5.2x deprecates the "paged|" prefix: plain "fa4cache" is the name for generate_batch on both.)
     for name in NAMES:
         AttentionInterface.register(name, attention_forward)

@@ -8,7 +8,7 @@ from typing import Any
 
 import fa4cache
 from fa4cache.errors import quiet_library_warnings
-from fa4cache.ops import one_row_decode, packed_attention, step_mask
+from fa4cache.ops import packed_attention, step_mask
 
 from . import generation
 from .common import compiling, first_kwarg, host_int, per_layer_type, warn_once
@@ -49,7 +49,7 @@ def attention_forward(
         if compiling():  # traced: no context manager around the op (it would break the graph)
             return _attention_forward(*args, **kwargs)
         # A decode step first, outside the warnings filter (it costs a decode layer ~10 % of its
-        # host time; the step's FA4 call is quieted where it may compile: kv_cache._launch).
+        # host time; the step's FA4 call is quieted where it may compile: fa4cache.decode.launch).
         out = _decode_step(*args, kwargs)
         if out is not None:
             return out, None
@@ -94,25 +94,9 @@ def _decode_step(
             return None
     if generation.kv_cache_fallback(query, attention_mask, kwargs, dropout) is not None:
         return None
-    compiled = compiling()
-    if (
-        not compiled
-        and query.shape[0] == 1
-        and query.shape[2] == 1
-        and sliding_window is None
-        and not softcap
-        and attention_mask is not None
-        and attention_mask.shape[-1] == key.shape[2]
-        and one_row_decode.takes(query, key, value)
-        and one_row_decode.all_ones(attention_mask)
-    ):
-        # One row, no padding, eager: SDPA's kernel (the mask read back once per step).
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return one_row_decode.forward(query, key, value, scale)
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     return generation.kv_cache_attention(
-        query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
-        generation.first_of_its_kind(module, compiled), compiled,
+        module, query, key, value, attention_mask, kwargs, is_causal, sliding_window, scaling, softcap,
+        compiling(), plain=True,
     )  # fmt: skip
 
 
@@ -195,8 +179,8 @@ def _attention_forward(
         why = generation.kv_cache_fallback(query, attention_mask, kwargs, dropout)
         if why is None:
             return generation.kv_cache_attention(
-                query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
-                generation.first_of_its_kind(module, compiled), compiled,
+                module, query, key, value, attention_mask, kwargs, causal, sliding_window, scaling, softcap,
+                compiled, plain=False,
             ), None  # fmt: skip
     elif _own_terms_without_causality(
         attention_mask, is_causal if is_causal is not None else getattr(module, "is_causal", None), q.shape[1], k.shape[1]

@@ -1,13 +1,16 @@
 """KV-cache steps (``generate``: dynamic, static and sliding caches) and continuous batching
 (``generate_batch``: paged caches, transformers 5.17's ``cache``/``read_index``/``write_index``
-and 5.2x's ``block_table``/``k_cache``/``v_cache``) on FA4 (:mod:`fa4cache.ops.kv_cache`)."""
+and 5.2x's ``block_table``/``k_cache``/``v_cache``) on FA4 (:mod:`fa4cache.decode`), each step run as
+:func:`fa4cache.decode.choose.choose` says."""
 
 from __future__ import annotations
 
 import weakref
 from typing import Any
 
-from fa4cache.ops import kv_cache
+from fa4cache.decode import kv_cache, paged
+from fa4cache.decode import op as decode_op
+from fa4cache.decode.choose import OP, choose
 
 from .common import NAMES, compiling, first_kwarg, host_int, patch_once, per_layer_type
 
@@ -100,28 +103,34 @@ def _first_of_its_kind(idx: Any, config: Any) -> bool:
 
 
 def kv_cache_attention(
+    module: Any,
     query: Any,
     key: Any,
     value: Any,
     attention_mask: Any,
     kwargs: dict[str, Any],
-    causal: bool,
+    is_causal: bool | None,
     sliding_window: int | None,
     scaling: float | None,
     softcap: float | None,
-    check_mask: bool = True,
-    compiled: bool | None = None,
+    compiled: bool,
+    plain: bool,
 ) -> Any:
-    """A step over a KV cache on FA4 (:mod:`fa4cache.ops.kv_cache`). The window is passed whenever the
-    layer has one, even while the cache is shorter: the kernel then stays the same as the
-    cache grows past it. ``compiled``: whether torch.compile traces, where the caller knows."""
+    """A step over a KV cache (:mod:`fa4cache.decode`), run as :func:`~fa4cache.decode.choose.choose`
+    says. The window is passed whenever the layer has one, even while the cache is shorter:
+    the kernel then stays the same as the cache grows past it. ``compiled``: whether
+    torch.compile traces; ``plain``: ``generate``'s self-attention step (``choose``'s)."""
     window, scale = _window_and_scale(query, sliding_window, scaling)
+    chosen = choose(query, key, value, attention_mask, window, softcap, traced=compiled, plain=plain)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # The step's mask is checked in the first layer of each kind (none for SDPA's step).
+    check = chosen.checks_mask and first_of_its_kind(module, compiled)
     pos = kwargs.get("position_ids") if attention_mask is None else None
-    args = (query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check_mask)
-    if compiling() if compiled is None else compiled:  # one opaque node to the compiler
-        return kv_cache.op()(*args)
+    args = (query, key, value, attention_mask, pos, causal, window, scale, float(softcap or 0.0), check)
+    if chosen is OP:  # one opaque node to the compiler
+        return decode_op.op()(*args)
     # Eager: the op's body itself (the dispatcher's round trip is host time in every layer).
-    return kv_cache.forward(*args, share=True)
+    return kv_cache.forward(*args, share=True, chosen=chosen)
 
 
 def varlen_kv_attention(
@@ -137,12 +146,12 @@ def varlen_kv_attention(
     softcap: float | None,
 ) -> Any:
     """Continuous batching's step (queries and keys of each sequence from ``cu_seq_lens_q``
-    and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`.kv_cache.varlen_forward`)."""
+    and ``cu_seq_lens_k``, no mask) as one FA4 varlen call (:func:`fa4cache.decode.paged.varlen_forward`)."""
     window, scale = _window_and_scale(query, sliding_window, scaling)
     max_q = host_int(first_kwarg(kwargs, "max_length_q", "max_seqlen_q"))
     max_k = host_int(per_layer_type(first_kwarg(kwargs, "max_length_k", "max_seqlen_k"), sliding_window))
     args = (query, key, value, cu_q, cu_k, max_q, max_k, causal, window, scale, float(softcap or 0.0))
-    return kv_cache.varlen_op()(*args) if compiling() else kv_cache.varlen_forward(*args)
+    return decode_op.varlen_op()(*args) if compiling() else paged.varlen_forward(*args)
 
 
 def block_table_attention(
@@ -158,10 +167,10 @@ def block_table_attention(
     """transformers 5.2x's paged decode step (``block_table``, ``k_cache``/``v_cache`` in
     kwargs, as it calls ``flash_attn_with_kvcache``): the step's one new token per sequence
     is written into its page by this call (the cache has not stored it), then FA4 attends
-    over the pages (:func:`.kv_cache.paged_forward`)."""
+    over the pages (:func:`fa4cache.decode.paged.paged_forward`)."""
     window, scale = _window_and_scale(query, sliding_window, scaling)
     cu_k = per_layer_type(first_kwarg(kwargs, "cu_seq_lens_k", "cu_seqlens_k"), sliding_window)
-    return kv_cache.paged_forward(
+    return paged.paged_forward(
         query, key, value, kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], cu_k,
         causal, window, scale, float(softcap or 0.0),
     )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fa4cache.ops import one_row_decode
+from fa4cache.decode import one_row_sdpa
 
 from .common import compiling, warn_once
 from .mask_functions import causality_disagrees, not_computed, not_computed_while_tracing, vmap_reason
@@ -24,10 +24,10 @@ def padding_mask(
     """transformers' mask hook: the 2-D padding mask as it is (sliced to the keys), never a
     4-D mask. A static cache's keys outnumber the tokens so far: its mask is padded with
     False to the buffer's length, so that the mask of every decode step has one shape (what a
-    compiled or graphed decode step needs; :mod:`fa4cache.ops.kv_cache` reads the tokens'
+    compiled or graphed decode step needs; :mod:`fa4cache.decode.key_ranges` reads the tokens'
     slots from it). A one-row eager decode step given no mask (transformers 5.2x's
     ``generate`` drops an all-ones mask) gets a mask of ones where the cache's sizes show its
-    keys are all tokens (:func:`fa4cache.ops.one_row_decode.mask_for_all_tokens`).
+    keys are all tokens (:func:`fa4cache.decode.one_row_sdpa.mask_for_all_tokens`).
 
     Where the FA4 path would compute another mask than the one asked for (a rule it does not
     model, or a causality the layers that get it do not say they have: :mod:`.mask_functions`),
@@ -46,14 +46,14 @@ def padding_mask(
     if attention_mask is None:
         device = kwargs.get("device")
         if kwargs.get("local_size") is None:  # full layers: a sliding cache's keys start later
-            ones = one_row_decode.mask_for_all_tokens(
+            ones = one_row_sdpa.mask_for_all_tokens(
                 batch_size, q_length, kv_length, q_offset, kv_offset, device
             )
             if ones is not None:
                 return ones
         if q_length < kv_length and not _bidirectional(mask_function):  # cross-attention's keys are no cache
             # (A one-row eager step asks whether it is all ones: known, not read back.)
-            return one_row_decode.not_all_ones(
+            return one_row_sdpa.not_all_ones(
                 _tokens_so_far(batch_size, q_length, kv_length, q_offset, kv_offset, device)
             )
         return None
@@ -66,7 +66,7 @@ def padding_mask(
         import torch
 
         tail = attention_mask.new_zeros(attention_mask.shape[0], kv_length - attention_mask.shape[1])
-        return one_row_decode.not_all_ones(torch.cat((attention_mask, tail), 1))
+        return one_row_sdpa.not_all_ones(torch.cat((attention_mask, tail), 1))
     return attention_mask[:, -kv_length:]
 
 

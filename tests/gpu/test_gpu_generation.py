@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.switches import set_switch
 from tests.helpers.transformers_compat import cache_kwarg
 
 pytestmark = pytest.mark.gpu
@@ -110,16 +111,17 @@ def _teacher_forced(model: Any, ids: Any, mask: Any, follow: Any, kind: str) -> 
 def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The adapter registered; counts the KV-cache op's Python launches of FA4 (replayed or
     planned; a CUDA-graph replay makes none), and apart from them the one-row steps run on
-    SDPA's kernel (:mod:`fa4cache.ops.one_row_decode`)."""
+    SDPA's kernel (:mod:`fa4cache.decode.one_row_sdpa`)."""
     from fa4cache.adapters import transformers as fht
 
-    from fa4cache.ops import kv_cache, one_row_decode
+    from fa4cache.decode import lanes, one_row_sdpa
+    from fa4cache.decode import launch as decode_launch
 
     fht.register()
     fht._warned.clear()
     calls = {"n": 0, "one_row": 0}
     inside = [0]
-    real_launch, real_fa4, real_lane = kv_cache._launch, kv_cache._fa4_forward, kv_cache._Lane.launch
+    real_launch, real_fa4, real_lane = decode_launch.launch, decode_launch._fa4_forward, lanes._Lane.launch
 
     def lane(self: Any, *a: Any) -> None:  # a later layer's launch, from its step's lane
         calls["n"] += 1
@@ -137,16 +139,16 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Any:
         calls["n"] += inside[0] == 0
         return real_fa4(*a, **kw)
 
-    real_one_row = one_row_decode.forward
+    real_one_row = one_row_sdpa.forward
 
     def one_row(*a: Any) -> Any:  # a one-row step on SDPA's kernel (counted apart)
         calls["one_row"] += 1
         return real_one_row(*a)
 
-    monkeypatch.setattr(kv_cache, "_launch", launch)
-    monkeypatch.setattr(kv_cache, "_fa4_forward", fa4)
-    monkeypatch.setattr(kv_cache._Lane, "launch", lane)
-    monkeypatch.setattr(one_row_decode, "forward", one_row)
+    monkeypatch.setattr(decode_launch, "launch", launch)
+    monkeypatch.setattr(decode_launch, "_fa4_forward", fa4)
+    monkeypatch.setattr(lanes._Lane, "launch", lane)
+    monkeypatch.setattr(one_row_sdpa, "forward", one_row)
     return calls
 
 
@@ -173,7 +175,7 @@ def test_teacher_forced_decode_logits(
         one_row = seen["one_row"]
         if batch == 1 and kind == "dynamic":
             # One row without padding: full layers run SDPA's kernel by default; FA4's own too.
-            monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+            set_switch(monkeypatch, "FA4CACHE_ONE_ROW_SDPA", "0")
             runs.append(_teacher_forced(ours, ids, mask, follow, kind))
     base = _teacher_forced(bf16, ids, mask, follow, kind)
     want = _teacher_forced(exact, ids, mask, follow, kind)
@@ -414,27 +416,27 @@ def test_generate_batch_on_fa4_gives_generates_tokens(seen: Any, caplog: Any) ->
 
 
 def test_replayed_decode_launches_equal_fa4s_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    # fa4cache.ops.launch_plans: after the first call of a kind, a KV-cache step replays FA4's
+    # fa4cache.decode.launch_plans: after the first call of a kind, a KV-cache step replays FA4's
     # launch without FA4's planning. Random decode shapes, the key count changing between
     # calls: bitwise the output FA4 planning every call gives, and FA4 planned once per kind.
     import torch
 
     import fa4cache
-    from fa4cache.ops import kv_cache, launch_plans
+    from fa4cache.decode import kv_cache, launch, launch_plans
 
     fa4cache.install()
     print(f"FA4CACHE_FUZZ_SEED={SEED}")
     rng = random.Random(SEED + 7)
     planned = {"n": 0}
-    real = kv_cache._fa4_forward
+    real = launch._fa4_forward
 
     def counting(*a: Any, **kw: Any) -> Any:
         planned["n"] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(kv_cache, "_fa4_forward", counting)
-    # The unsplit call, whose launch is planned (a split call runs FA4 whole: decode_split).
-    monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "0")
+    monkeypatch.setattr(launch, "_fa4_forward", counting)
+    # The unsplit call, whose launch is planned (a split call runs FA4 whole: split_kv).
+    set_switch(monkeypatch, "FA4CACHE_DECODE_SPLIT", "0")
     assert launch_plans.enabled(), "this FA4's sources are not verified: no plans to test"
     for case in range(12):
         B, Hkv = rng.choice([1, 3, 32]), rng.choice([1, 2, 4])
@@ -452,9 +454,9 @@ def test_replayed_decode_launches_equal_fa4s_own(monkeypatch: pytest.MonkeyPatch
                 mask[b, : rng.randrange(0, Tk)] = 0
             args = (q, k, v, mask, None, True, window, D**-0.5, softcap)
             got = kv_cache.forward(*args)
-            monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+            set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "0")
             want = kv_cache.forward(*args)
-            monkeypatch.delenv("FA4CACHE_LAUNCH_PLANS")
+            set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", None)
             assert torch.equal(got, want), (SEED, case, step, B, Hkv, g, D, Tk, window, softcap)
         # One planned call for the kind; every other planned-off call runs FA4 whole.
         assert planned["n"] == 1 + 4, (SEED, case, planned)
@@ -463,8 +465,8 @@ def test_replayed_decode_launches_equal_fa4s_own(monkeypatch: pytest.MonkeyPatch
 def test_triton_key_ranges_equal_the_pytorch_form_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from fa4cache.ops import kv_cache
-    from tests.unit.test_key_ranges_triton import draw
+    from fa4cache.decode import key_ranges
+    from tests.decode.test_key_ranges_triton import draw
 
     print(f"FA4CACHE_FUZZ_SEED={SEED}")
     rng = random.Random(SEED + 11)
@@ -473,38 +475,38 @@ def test_triton_key_ranges_equal_the_pytorch_form_on_the_gpu(monkeypatch: pytest
         mask = mask.cuda()
         B = mask.shape[0]
         monkeypatch.setenv("FA4CACHE_TRITON", "0")
-        want = kv_cache._sequences(mask, None, B, heads_kv, keys, check=False)
+        want = key_ranges._sequences(mask, None, B, heads_kv, keys, check=False)
         monkeypatch.delenv("FA4CACHE_TRITON")
-        got = kv_cache._sequences(mask, None, B, heads_kv, keys, check=False)
+        got = key_ranges._sequences(mask, None, B, heads_kv, keys, check=False)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (SEED, case, what)
 
 
 @pytest.fixture
 def combines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts split decoding's combines (one per split call run: eager, warm-up or capture)."""
-    from fa4cache.ops import decode_split
+    from fa4cache.decode import split_kv
 
     n = [0]
-    real = decode_split.combine
+    real = split_kv.combine
 
     def counted(*a: Any) -> None:
         n[0] += 1
         real(*a)
 
-    monkeypatch.setattr(decode_split, "combine", counted)
+    monkeypatch.setattr(split_kv, "combine", counted)
     return n
 
 
 def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(
     combines: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The compiled path's split decode (fa4cache/ops/decode_split.py): real FA4 over chunk
+    # The compiled path's split decode (fa4cache/decode/split_kv.py): real FA4 over chunk
     # sequences with its LSE, and the Triton combine, against FA4's unsplit call over random
     # shapes, paddings and static buffers; then captured in a CUDA graph and replayed with
     # another padding and new keys.
     import torch
 
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import choose, kv_cache
 
     rng = random.Random(SEED + 11)
     print(f"seed {SEED + 11}")
@@ -524,7 +526,7 @@ def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(
 
     def unsplit(*a: Any) -> Any:
         with monkeypatch.context() as m:
-            m.setenv("FA4CACHE_DECODE_SPLIT", "0")
+            set_switch(m, "FA4CACHE_DECODE_SPLIT", "0")
             return kv_cache.forward(*a)
 
     split_cases = 0
@@ -538,7 +540,7 @@ def test_split_decode_equals_the_unsplit_call_and_replays_in_a_graph(
     assert split_cases >= 20, split_cases
     # In a CUDA graph: captured once, replayed with another padding and new keys.
     q, k, v, mask, softcap, what = draw()
-    while kv_cache.split_plan(k.shape[0] * k.shape[1], k.shape[2], k.shape[-1]) is None:
+    while choose.split_plan(k.shape[0] * k.shape[1], k.shape[2], k.shape[-1]) is None:
         q, k, v, mask, softcap, what = draw()
     args = (q, k, v, mask, None, True, None, q.shape[-1] ** -0.5, softcap)
     side = torch.cuda.Stream()

@@ -18,14 +18,15 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
-    from fa4cache.ops import kv_cache, varlen_calls
+    from fa4cache.decode import launch
+    from fa4cache.ops import varlen_calls
     from tests.helpers import fa4_varlen_model
 
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("FA4CACHE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(
-        kv_cache, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
+        launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
     )
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.switches import set_switch
 from tests.helpers.transformers_compat import before_5_2x, cache_kwarg
 
 transformers = pytest.importorskip("transformers")
@@ -43,7 +44,8 @@ def fa4(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     """The adapter registered, FA4 replaced by the stand-in; yields the KV-cache calls seen."""
     from fa4cache.adapters import transformers as fht
 
-    from fa4cache.ops import kv_cache, step_mask, varlen_calls
+    from fa4cache.decode import launch
+    from fa4cache.ops import step_mask, varlen_calls
     from tests.helpers import fa4_varlen_model
 
     monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
@@ -54,7 +56,7 @@ def fa4(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
         seen.append(kw)
         return fa4_varlen_model.flash_attn_fwd(q, k, v, **kw)[0]
 
-    monkeypatch.setattr(kv_cache, "_fa4_forward", stand_in)
+    monkeypatch.setattr(launch, "_fa4_forward", stand_in)
     # Prefill without a cache goes through the packed path: its FA4 calls modelled too.
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
@@ -166,7 +168,7 @@ def test_kv_cache_attention_matches_a_dense_reference(fa4: Any) -> None:
     # The op alone, on random shapes: rows with left padding, a static buffer's unused tail,
     # several queries (prefill into the cache), windows, softcap, GQA; with a 2-D mask, and
     # with position_ids only (no padding).
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import kv_cache
     from tests.helpers.fa4_varlen_model import kv_cache_reference
 
     rng = random.Random(SEED)
@@ -359,7 +361,7 @@ def test_what_cannot_run_on_fa4_falls_back_and_says_why(fa4: Any, caplog: Any) -
 
 
 def test_a_mask_that_is_not_left_padding_is_refused(fa4: Any) -> None:
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import kv_cache
 
     q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 6, 8)
     mask = torch.ones(2, 6, dtype=torch.bool)
@@ -376,13 +378,13 @@ DECODE_COMPILES = r"""
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 import fa4cache
-from fa4cache.ops import kv_cache
+from fa4cache.decode import choose, key_ranges, kv_cache, step_ranges
 
 store = fa4cache.install()
 # Decode steps of many batch sizes and cache lengths, full and sliding layers, through the
 # op's body (FA4 on fake CUDA tensors; the per-row lengths are computed on the CPU first,
 # as the masks of the packed path are).
-# Batch 1, 2 and 4 over 1,500-3,000 keys split on the compiled path (fa4cache.ops.decode_split):
+# Batch 1, 2 and 4 over 1,500-3,000 keys split on the compiled path (fa4cache.decode.split_kv):
 # one split kernel more, whatever the batch.
 cases = [(1, 17, None), (5, 300, None), (64, 4096, None), (3, 33, 63), (40, 1000, 63), (1, 2048, None),
          (2, 3000, None), (4, 1500, None)]
@@ -390,12 +392,12 @@ splits = 0
 for B, Tk, window in cases:
     mask = torch.ones(B, Tk - 3, dtype=torch.bool)
     mask[0, :5] = False
-    split = kv_cache.split_plan(B * 2, Tk, 128) if window is None else None
+    split = choose.split_plan(B * 2, Tk, 128) if window is None else None
     splits += split is not None
-    lengths = kv_cache._sequences(mask, None, B, 2, Tk, split=split)
+    lengths = key_ranges._sequences(mask, None, B, 2, Tk, split=split)
     with FakeTensorMode(), torch.no_grad():
         fake = tuple(torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in lengths)
-        kv_cache.sequences = lambda *a, fake=fake, **kw: fake
+        step_ranges.sequences = lambda *a, fake=fake, **kw: fake
         q = torch.empty(B, 8, 1, 128, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(B, 2, Tk, 128, dtype=torch.bfloat16, device="cuda")
         out = kv_cache.forward(q, k, k, mask, None, True, window, 0.088, 0.0)
@@ -661,7 +663,7 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
     """A step's key lengths (and the check of its mask) cost kernel launches: they are
     computed once per decode step and kind of layer (full, sliding), in the first layer of
     that kind, and shared by the others; a gap is still refused there."""
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import key_ranges, step_ranges
 
     cfg = copy.deepcopy(_configs()["gemma2-softcap"])
     cfg.num_hidden_layers = 5
@@ -669,16 +671,16 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
                        "sliding_attention"]  # fmt: skip
     model = _model(cfg, "fa4cache")
     checks: list[bool] = []
-    real = kv_cache.key_ranges
+    real = key_ranges.key_ranges
 
     def spy(*a: Any, check: bool = True) -> Any:
         checks.append(check)
         return real(*a, check=check)
 
-    monkeypatch.setattr(kv_cache, "key_ranges", spy)
+    monkeypatch.setattr(key_ranges, "key_ranges", spy)
     # Whatever earlier tests of this process left there: full, so that each new step evicts.
     for i in range(8):
-        kv_cache._step[("earlier", i)] = (lambda: None, True, (None, None))
+        step_ranges._step[("earlier", i)] = (lambda: None, True, (None, None))
     rng = random.Random(SEED)
     ids, mask = _left_padded(rng, 3, 9, cfg.vocab_size)
     follow = torch.randint(0, cfg.vocab_size, (3, 2))
@@ -697,11 +699,11 @@ def test_the_step_mask_is_checked_in_the_first_layer_of_each_kind(fa4: Any, monk
 def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """The one-row SDPA path where the tests run (FA4's device is the CPU here: its stand-in
     runs on it); counts that path's calls and the masks read back from the device."""
-    from fa4cache.ops import one_row_decode
+    from fa4cache.decode import one_row_sdpa
 
-    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cuda", "cpu"))
     seen = {"calls": 0, "reads": 0, "made": 0}
-    real_forward, real_keep, real_made = one_row_decode.forward, one_row_decode._keep, one_row_decode.mask_for_all_tokens
+    real_forward, real_keep, real_made = one_row_sdpa.forward, one_row_sdpa._keep, one_row_sdpa.mask_for_all_tokens
 
     def forward(*a: Any) -> Any:
         seen["calls"] += 1
@@ -717,18 +719,18 @@ def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         seen["reads"] -= mask is not None
         return mask
 
-    real_known = one_row_decode.not_all_ones
+    real_known = one_row_sdpa.not_all_ones
 
     def known(mask: Any) -> Any:  # an answer kept without a read (the hook's static slots)
-        before = one_row_decode._known.get(id(mask))
+        before = one_row_sdpa._known.get(id(mask))
         out = real_known(mask)
-        seen["reads"] -= one_row_decode._known.get(id(mask)) is not before
+        seen["reads"] -= one_row_sdpa._known.get(id(mask)) is not before
         return out
 
-    monkeypatch.setattr(one_row_decode, "forward", forward)
-    monkeypatch.setattr(one_row_decode, "_keep", keep)
-    monkeypatch.setattr(one_row_decode, "not_all_ones", known)
-    monkeypatch.setattr(one_row_decode, "mask_for_all_tokens", made)
+    monkeypatch.setattr(one_row_sdpa, "forward", forward)
+    monkeypatch.setattr(one_row_sdpa, "_keep", keep)
+    monkeypatch.setattr(one_row_sdpa, "not_all_ones", known)
+    monkeypatch.setattr(one_row_sdpa, "mask_for_all_tokens", made)
     return seen
 
 
@@ -810,7 +812,7 @@ def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_
     run(ids, mask, "static")  # a static cache's mask is padded to its buffer
     with torch.inference_mode():
         run(ids, mask)  # inference tensors: no version to check the mask by
-    monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+    set_switch(monkeypatch, "FA4CACHE_ONE_ROW_SDPA", "0")
     run(ids, mask)
 
 
@@ -821,15 +823,15 @@ def test_a_static_step_mask_the_hook_makes_is_not_read_back(fa4: Any, one_row: d
     from fa4cache.adapters.transformers.masks import padding_mask
     from transformers.masking_utils import causal_mask_function
 
-    from fa4cache.ops import one_row_decode
+    from fa4cache.decode import one_row_sdpa
 
     made = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, None, device=torch.device("cpu"))
     padded = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool))
     assert made.tolist() == [[True] * 10 + [False]] and padded.tolist() == [[True] * 10 + [False]]
-    assert not one_row_decode.all_ones(made) and not one_row_decode.all_ones(padded)
+    assert not one_row_sdpa.all_ones(made) and not one_row_sdpa.all_ones(padded)
     assert one_row["reads"] == 0, one_row
     full = padding_mask(1, 1, 10, 9, 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool))
-    assert one_row_decode.all_ones(full) and one_row["reads"] == 1  # a mask it did not make: read once
+    assert one_row_sdpa.all_ones(full) and one_row["reads"] == 1  # a mask it did not make: read once
 
 
 def test_a_one_row_decode_step_compiles_into_one_graph(fa4: Any, one_row: dict[str, int]) -> None:
@@ -858,19 +860,19 @@ def test_a_one_row_decode_step_compiles_into_one_graph(fa4: Any, one_row: dict[s
 def test_a_mask_read_as_all_ones_is_not_trusted_after_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
     # The answer is kept for the mask object as it was: a write to it in place (its version
     # moves), another mask never read, or a mask of two rows is read anew (or not at all).
-    from fa4cache.ops import one_row_decode
+    from fa4cache.decode import one_row_sdpa
 
-    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cpu",))
     mask = torch.ones(1, 9, dtype=torch.long)
-    assert one_row_decode.all_ones(mask) and one_row_decode.all_ones(mask)
+    assert one_row_sdpa.all_ones(mask) and one_row_sdpa.all_ones(mask)
     mask[0, 0] = 0
-    assert not one_row_decode.all_ones(mask)
+    assert not one_row_sdpa.all_ones(mask)
     mask[0, 0] = 1
-    assert one_row_decode.all_ones(mask)  # read again: ones again
-    assert not one_row_decode.all_ones(torch.ones(2, 9, dtype=torch.bool))
-    assert one_row_decode.all_ones(torch.ones(1, 3, dtype=torch.bool))
-    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda",))
-    assert not one_row_decode.all_ones(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
+    assert one_row_sdpa.all_ones(mask)  # read again: ones again
+    assert not one_row_sdpa.all_ones(torch.ones(2, 9, dtype=torch.bool))
+    assert one_row_sdpa.all_ones(torch.ones(1, 3, dtype=torch.bool))
+    monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cuda",))
+    assert not one_row_sdpa.all_ones(torch.ones(1, 9, dtype=torch.long))  # CPU: FA4's device is CUDA
 
 
 def test_a_step_given_no_mask_gets_the_slots_that_hold_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -882,13 +884,13 @@ def test_a_step_given_no_mask_gets_the_slots_that_hold_tokens(monkeypatch: pytes
     # empty slots. A step without a cache gets none, as before.
     from fa4cache.adapters.transformers import padding_mask
 
-    from fa4cache.ops import one_row_decode
+    from fa4cache.decode import one_row_sdpa
 
     def known_ones(m: Any) -> bool:
-        hit = one_row_decode._known.get(id(m))
+        hit = one_row_sdpa._known.get(id(m))
         return hit is not None and hit[0]() is m and hit[2]
 
-    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cpu",))
     made = padding_mask(1, 1, 13, 12, 0, device="cpu")
     assert made is not None and made.shape == (1, 13) and bool(made.all()) and known_ones(made)
     for args, kw, tokens in [
@@ -910,10 +912,10 @@ def test_a_step_given_no_mask_gets_the_slots_that_hold_tokens(monkeypatch: pytes
 
     # Cross-attention (a bidirectional rule): the encoder's keys are no cache.
     assert padding_mask(1, 1, 12, 3, 0, mask_function=bidirectional_mask_function, device="cpu") is None
-    monkeypatch.setenv("FA4CACHE_ONE_ROW_SDPA", "0")
+    set_switch(monkeypatch, "FA4CACHE_ONE_ROW_SDPA", "0")
     assert not known_ones(padding_mask(1, 1, 13, 12, 0, device="cpu"))
-    monkeypatch.setattr(one_row_decode, "DEVICE_TYPES", ("cuda",))
-    monkeypatch.delenv("FA4CACHE_ONE_ROW_SDPA")
+    monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cuda",))
+    set_switch(monkeypatch, "FA4CACHE_ONE_ROW_SDPA", None)
     assert not known_ones(padding_mask(1, 1, 13, 12, 0, device="cpu"))  # not FA4's device
 
 

@@ -48,10 +48,10 @@ def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     # The packed path's FA4 varlen calls, modelled in float (the calls themselves are real).
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
-    from fa4cache.ops import kv_cache
+    from fa4cache.decode import launch
 
     monkeypatch.setattr(
-        kv_cache, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
+        launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
     )
     # fa4cache.attention first: its lazy lookup would otherwise resolve to (and on undo
     # restore) the already-patched adapter function, leaking the reference to later tests.

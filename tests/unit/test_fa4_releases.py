@@ -62,7 +62,7 @@ import fa4cache
 store = fa4cache.install()
 from flash_attn.cute import interface as fi
 from fa4cache.adapters import patch
-from fa4cache.ops import launch_plans
+from fa4cache.decode import launch_plans
 print("RESULT " + json.dumps({
     "routed": patch._installed is not None,
     "fwd_cache": type(fi._flash_attn_fwd.compile_cache).__name__,

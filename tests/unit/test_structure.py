@@ -27,7 +27,7 @@ LAYERS = (
      "fa4cache.patched_code"),
     ("fa4cache.store", "fa4cache.warmth"),
     ("fa4cache.masks",),
-    ("fa4cache.ops", "fa4cache.aot"),
+    ("fa4cache.ops", "fa4cache.decode", "fa4cache.aot"),
     ("fa4cache.adapters",),
     ("fa4cache.ray_integration",),
     ("fa4cache.cli", "fa4cache.__main__"),
@@ -426,7 +426,7 @@ UNTESTED_TODAY = frozenset(
     fa4cache.masks.document
     fa4cache.masks.draft
     fa4cache.masks.template
-    fa4cache.ops.decode_split_triton
+    fa4cache.decode.split_kv_triton
     fa4cache.ops.packed_attention
     fa4cache.ops.sequence_add_triton
     fa4cache.ray_integration.actors

@@ -1,4 +1,4 @@
-"""The Triton kernel of split decoding's combine (:func:`.decode_split.combine`; a module of
+"""The Triton kernel of split decoding's combine (:func:`.split_kv.combine`; a module of
 its own: importing it imports Triton)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode lanes (fa4cache/ops/kv_cache.py ``_Lane``): a decode layer's FA4 launch taken from
+"""Decode lanes (fa4cache/decode/lanes.py ``_Lane``): a decode layer's FA4 launch taken from
 the step's last replayed call of its kind instead of its launch family's lookups.
 
 FA4 is a stand-in here whose compile cache holds kernels that compute FA4's CPU model
@@ -22,9 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 fi = pytest.importorskip("flash_attn.cute.interface")
 
-from fa4cache.ops import kv_cache  # noqa: E402
-from fa4cache.ops import launch_plans as lp  # noqa: E402
+from fa4cache.decode import key_ranges, kv_cache, lanes, launch, plan, step_ranges  # noqa: E402
+from fa4cache.decode import launch_plans as lp  # noqa: E402
 from tests.helpers import fa4_varlen_model  # noqa: E402
+from tests.helpers.switches import set_switch  # noqa: E402
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
 
@@ -70,7 +71,7 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
     def whole(q: Any, k: Any, v: Any, **kw: Any) -> Any:
         c.whole += 1
         key = (q.dtype, q.shape[-1], v.shape[-1], q.shape[2], kw["causal"], bool(kw["softcap"]),
-               kw["window_size_left"] is not None, lp.fa4_settings(fi))  # fmt: skip
+               kw["window_size_left"] is not None, plan.fa4_settings(fi))  # fmt: skip
         cache = fi._flash_attn_fwd.compile_cache
         if key not in cache:
             cache[key] = _kernel
@@ -83,17 +84,17 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
     # of the tensors it launches now), with the key ranges computed afresh for the call's mask.
     made_from: dict[int, tuple[Any, ...]] = {}
     last: dict[str, Any] = {}
-    real_replay, real_keep, real_serves = lp.launch_replay, kv_cache._keep_lane, kv_cache._Lane.serves
-    real_launch = kv_cache._Lane.launch
+    real_replay, real_keep, real_serves = launch.launch_replay, lanes._keep_lane, lanes._Lane.serves
+    real_launch = lanes._Lane.launch
 
     def launch_replay(run_whole: Any, tensors: Any, scalars: Any, keys: int) -> Any:
-        last["family"] = lp.family(fi, tensors, scalars)
+        last["family"] = plan.family(fi, tensors, scalars)
         return real_replay(run_whole, tensors, scalars, keys)
 
     def keep(window: Any, *a: Any) -> None:
         real_keep(window, *a)
-        if window in kv_cache._lanes:
-            made_from[id(kv_cache._lanes[window])] = last["family"]
+        if window in lanes._lanes:
+            made_from[id(lanes._lanes[window])] = last["family"]
 
     def serves(self: Any, query: Any, k: Any, v: Any, out: Any, mask: Any, pos: Any, *a: Any) -> bool:
         last["src"] = (mask, pos)
@@ -101,31 +102,31 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
 
     def lane_launch(self: Any, q: Any, k: Any, v: Any, out: Any) -> None:
         c.lane += 1
-        if lp.family(fi, (q, k, v, out, self.cu, self.used), self.inputs[-1]) != made_from[id(self)]:
+        if plan.family(fi, (q, k, v, out, self.cu, self.used), self.inputs[-1]) != made_from[id(self)]:
             c.wrong.append(f"family: {[tuple(t.shape) for t in (q, k, v, out)]}")
         B, Hkv, Tk = self.inputs[1][0], self.inputs[7][1], self.inputs[7][2]
-        cu, used = kv_cache._sequences(*last["src"], B, Hkv, Tk, check=False)
+        cu, used = key_ranges._sequences(*last["src"], B, Hkv, Tk, check=False)
         if not (torch.equal(cu, self.cu) and torch.equal(used, self.used)):
             c.wrong.append(f"key ranges: {self.used.tolist()} for {used.tolist()}")
         real_launch(self, q, k, v, out)
 
-    monkeypatch.setattr(lp, "launch_replay", launch_replay)
-    monkeypatch.setattr(kv_cache, "_keep_lane", keep)
-    monkeypatch.setattr(kv_cache._Lane, "serves", serves)
+    monkeypatch.setattr(launch, "launch_replay", launch_replay)
+    monkeypatch.setattr(lanes, "_keep_lane", keep)
+    monkeypatch.setattr(lanes._Lane, "serves", serves)
 
     monkeypatch.setattr(fi._flash_attn_fwd, "compile_cache", Kernels())
-    monkeypatch.setattr(kv_cache, "_fa4_forward", whole)
-    monkeypatch.setattr(kv_cache._Lane, "launch", lane_launch)
+    monkeypatch.setattr(launch, "_fa4_forward", whole)
+    monkeypatch.setattr(lanes._Lane, "launch", lane_launch)
     tensor = torch.Tensor
-    monkeypatch.setattr(lp, "_plain", lambda ts: all(type(t) is tensor and not t.requires_grad for t in ts))
+    monkeypatch.setattr(launch, "_plain", lambda ts: all(type(t) is tensor and not t.requires_grad for t in ts))
     monkeypatch.setattr(lp, "_verified", [True])
     lp.clear()
-    kv_cache._lanes.clear()
-    kv_cache._step.clear()
+    lanes._lanes.clear()
+    step_ranges._step.clear()
     yield c
     lp.clear()
-    kv_cache._lanes.clear()
-    kv_cache._step.clear()
+    lanes._lanes.clear()
+    step_ranges._step.clear()
 
 
 def _query(usual: bool, B: int, Hq: int, D: int, dtype: Any, Tq: int = 1) -> Any:
@@ -237,7 +238,7 @@ def test_fa4_state_changed_between_layers_is_planned_by_fa4(counts: Counts, monk
 def test_plans_turned_off_between_layers_run_fa4_whole(counts: Counts, monkeypatch: pytest.MonkeyPatch) -> None:
     query, key, value, mask = _with_lane(counts)
     lane, whole = counts.lane, counts.whole
-    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+    set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "0")
     _layer_call(query.clone(), key.clone(), value.clone(), mask)
     assert (counts.lane, counts.whole) == (lane, whole + 1)
 
@@ -298,7 +299,7 @@ def test_inputs_that_need_a_gradient_leave_no_lane(counts: Counts) -> None:
     with torch.no_grad():
         for _ in range(3):
             _layer_call(query.clone(), key, value, mask)
-    assert counts.lane == 0 and not kv_cache._lanes
+    assert counts.lane == 0 and not lanes._lanes
     with torch.enable_grad():
         _layer_call(query.clone(), key, value, mask)
     assert counts.lane == 0
@@ -327,7 +328,7 @@ def test_decoding_under_inference_mode_shares_nothing(counts: Counts) -> None:
         outs = [_layer_call(query, key, value, mask, check=True)]
         mask[0, :4] = 0
         outs.append(_layer_call(query, key, value, mask))
-    assert counts.lane == 0 and not kv_cache._lanes and not kv_cache._step
+    assert counts.lane == 0 and not lanes._lanes and not step_ranges._step
     want = fa4_varlen_model.kv_cache_reference(query, key, value, mask, None, True, None, 0.25)
     torch.testing.assert_close(outs[1], want, atol=1e-5, rtol=1e-5)
 

@@ -1,4 +1,4 @@
-"""The Triton kernel of a decode step's key ranges (:func:`.kv_cache.key_ranges_triton`; a
+"""The Triton kernel of a decode step's key ranges (:func:`.key_ranges.key_ranges_triton`; a
 module of its own: importing it imports Triton)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def key_ranges(
     n = tl.where(width > keys, tl.maximum(tl.minimum(count, keys - start), 0), count)
     h = tl.arange(0, HEADS)
     seq = b * heads_kv + h
-    # Split decoding (decode_split.py): the run in SPLITS chunks of `chunk` keys, chunk j of
+    # Split decoding (split_kv.py): the run in SPLITS chunks of `chunk` keys, chunk j of
     # every sequence at j * n_seq + seq; a chunk past the run is empty, at the run's end.
     for j in tl.static_range(SPLITS):
         lo = j * chunk

@@ -8,7 +8,7 @@ faults on the layout below, so the split is made here: each sequence's keys beco
 chunks of ``C`` keys, each chunk a varlen sequence of its own (``cu_seqlens_k`` +
 ``seqused_k``, chunk-major: chunk ``j`` of sequence ``i`` is sequence ``j * n + i``), the
 query repeated per chunk; FA4 returns each chunk's output and log-sum-exp, and one Triton
-launch (:mod:`.decode_split_triton`; PyTorch off CUDA) weighs them together.
+launch (:mod:`.split_kv_triton`; PyTorch off CUDA) weighs them together.
 
 Only the op body splits (``torch.ops.fa4cache.kv_cache_attention``, what torch.compile and
 its CUDA graphs run): there the extra launches (the query's copy, the combine) and FA4's own
@@ -22,6 +22,9 @@ windows (a chunk's query would not see its window), or at more than one query.
 from __future__ import annotations
 
 from typing import Any
+
+from . import launch, step_ranges
+from .plan import SCALARS
 
 # Fewer keys: the unsplit call is already short (the split's two extra launches cost more).
 MIN_KEYS = 1024
@@ -56,21 +59,6 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def chunks(cu: Any, used: Any, splits: int, chunk: int) -> tuple[Any, Any]:
-    """Unsplit ``(cu_seqlens_k, seqused_k)`` of ``n`` sequences as ``splits * n`` chunk
-    sequences, chunk-major (the PyTorch form of the Triton kernel's ``SPLITS``): chunk ``j``
-    starts ``j * chunk`` keys into its sequence's run (at the run's end once past it) and
-    holds at most ``chunk`` of them."""
-    import torch
-
-    n = used.shape[0]
-    lo = torch.arange(splits, device=used.device, dtype=torch.int32).view(splits, 1) * chunk
-    run = used.view(1, n)
-    starts = (cu[:-1].view(1, n) + torch.minimum(lo, run)).reshape(-1)
-    parts = (run - lo).clamp(0, chunk).reshape(-1)
-    return torch.cat((starts, cu[-1:])).to(torch.int32), parts.to(torch.int32).contiguous()
-
-
 def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
     """Write into ``out`` (``[n, 1, g, Dv]``) the attention over every chunk, from each
     chunk's output ``parts`` (``[S * n, 1, g, Dv]``, chunk-major) and log-sum-exp ``lse``
@@ -87,7 +75,7 @@ def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
     if type(parts) is torch.Tensor and triton_runs_on(parts):
         import triton
 
-        from . import decode_split_triton as kernels
+        from . import split_kv_triton as kernels
 
         kernels.combine[(rows,)](
             parts, lse, out, rows, S=splits, D=dv, BS=triton.next_power_of_2(splits),
@@ -101,3 +89,30 @@ def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
     mixed = (parts.view(splits, rows, dv).float() * w[..., None]).sum(0)
     mixed = mixed / torch.where(total == 0, torch.ones_like(total), total)[:, None]
     out.view(rows, dv).copy_(mixed)
+
+
+def forward(
+    q: Any, k: Any, v: Any, out: Any, attention_mask: Any, position_ids: Any, batch: int, heads_kv: int,
+    keys: int, split: tuple[int, int], scalars: tuple[Any, ...], check: bool,
+) -> None:  # fmt: skip
+    """One decode call (``q [n, 1, g, D]``, writing ``out [n, 1, g, Dv]``) split in chunks
+    (this module): FA4 over the chunk sequences, each with its copy of its query
+    and its log-sum-exp, then the combine. FA4 runs whole (no launch plan: only the
+    compiled path splits, where CUDA graphs capture its host time once)."""
+    import torch
+
+    splits, chunk = split
+    n, _, g, d = q.shape
+    cu, used = step_ranges.sequences(
+        attention_mask, position_ids, batch, heads_kv, keys, check=check, split=split
+    )
+    # A copy (also at one sequence, where the reshape would be a stride-0 view): the query's
+    # broadcast dims are in FA4's compile key, so one layout serves every batch.
+    queries = q.expand(splits, n, 1, g, d).reshape(splits * n, 1, g, d).contiguous()
+    parts = q.new_empty(splits * n, 1, g, out.shape[-1])
+    lse = torch.empty(splits * n, g, 1, dtype=torch.float32, device=q.device)
+    kwargs = dict(zip(SCALARS, scalars))
+    launch._quiet_fa4_forward(
+        queries, k, v, cu_seqlens_k=cu, seqused_k=used, max_seqlen_k=chunk, out=parts, lse=lse, **kwargs
+    )
+    combine(parts, lse, out, splits)

@@ -1,4 +1,4 @@
-"""Split-KV decoding (fa4cache/ops/decode_split.py): the compiled path's decode call split in
+"""Split-KV decoding (fa4cache/decode/split_kv.py): the compiled path's decode call split in
 chunks of keys and combined gives the attention of the unsplit call.
 
 FA4 is its CPU model here (tests/helpers/fa4_varlen_model.py, with FA4's LSE layout), so
@@ -19,9 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4cache.ops import decode_split, kv_cache  # noqa: E402
+from fa4cache.decode import kv_cache, launch, split_kv  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.helpers import fa4_varlen_model  # noqa: E402
+from tests.helpers.switches import set_switch  # noqa: E402
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
 
@@ -31,24 +32,24 @@ def test_plan_fills_the_sms_with_whole_tiles() -> None:
     rng = random.Random(SEED)
     # The H200 shapes measured (benchmarks/results/split_kv_h200.md): batch 1 and 8 with 4
     # KV heads, batch 8 with 8, batch 32 (no split).
-    assert decode_split.plan(4, 2048, 132) == (16, 128)
-    assert decode_split.plan(32, 2048, 132) == (4, 512)
-    assert decode_split.plan(64, 4096, 132) == (2, 2048)
-    assert decode_split.plan(128, 2048, 132) is None
-    assert decode_split.plan(4, decode_split.MIN_KEYS - 1, 132) is None
+    assert split_kv.plan(4, 2048, 132) == (16, 128)
+    assert split_kv.plan(32, 2048, 132) == (4, 512)
+    assert split_kv.plan(64, 4096, 132) == (2, 2048)
+    assert split_kv.plan(128, 2048, 132) is None
+    assert split_kv.plan(4, split_kv.MIN_KEYS - 1, 132) is None
     for _ in range(2000):
         n, keys, sms = rng.randint(1, 300), rng.randint(1, 40000), rng.choice([8, 78, 132, 148])
-        got = decode_split.plan(n, keys, sms)
+        got = split_kv.plan(n, keys, sms)
         if got is None:
-            assert keys < decode_split.MIN_KEYS or n * 2 > sms or keys <= decode_split.CHUNK_ALIGN, (
+            assert keys < split_kv.MIN_KEYS or n * 2 > sms or keys <= split_kv.CHUNK_ALIGN, (
                 n,
                 keys,
                 sms,
             )
             continue
         s, c = got
-        assert 2 <= s <= decode_split.MAX_SPLITS and s & (s - 1) == 0, (n, keys, sms, got)
-        assert n * s <= sms and c % decode_split.CHUNK_ALIGN == 0, (n, keys, sms, got)
+        assert 2 <= s <= split_kv.MAX_SPLITS and s & (s - 1) == 0, (n, keys, sms, got)
+        assert n * s <= sms and c % split_kv.CHUNK_ALIGN == 0, (n, keys, sms, got)
         assert (s - 1) * c < keys <= s * c, (n, keys, sms, got)  # no chunk empty of slots, none left out
 
 
@@ -67,15 +68,15 @@ def fa4_model(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         )
         return fa4_varlen_model.flash_attn_fwd(q, k, v, **kw)[0]
 
-    monkeypatch.setattr(kv_cache, "_fa4_forward", stand_in)
+    monkeypatch.setattr(launch, "_fa4_forward", stand_in)
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "132")
-    monkeypatch.delenv("FA4CACHE_DECODE_SPLIT", raising=False)
+    set_switch(monkeypatch, "FA4CACHE_DECODE_SPLIT", None)
     return calls
 
 
 def _case(rng: random.Random) -> tuple[Any, ...]:
     B, Hkv, g = rng.randint(1, 4), rng.randint(1, 4), rng.choice([1, 2, 4])
-    D, Tk = rng.choice([16, 32]), rng.randint(decode_split.MIN_KEYS, 2600)
+    D, Tk = rng.choice([16, 32]), rng.randint(split_kv.MIN_KEYS, 2600)
     query = torch.randn(B, Hkv * g, 1, D)
     key, value = torch.randn(B, Hkv, Tk, D), torch.randn(B, Hkv, Tk, D)
     kind = rng.choice(["left", "static", "full", "position_ids"])
@@ -112,7 +113,7 @@ def test_the_split_call_equals_the_attention_over_the_whole_cache(fa4_model: lis
         got = kv_cache.forward(query, key, value, mask, pos, True, None, 0.25, softcap)
         want = fa4_varlen_model.kv_cache_reference(query, key, value, mask, pos, True, None, 0.25, softcap)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5, msg=f"seed {SEED} case {case}: {what}")
-        plan = decode_split.plan(key.shape[0] * key.shape[1], key.shape[2], 132)
+        plan = split_kv.plan(key.shape[0] * key.shape[1], key.shape[2], 132)
         (call,) = fa4_model
         if plan is None:
             assert call["lse"] is None, what
@@ -143,9 +144,9 @@ def test_what_does_not_split(fa4_model: list[dict[str, Any]], monkeypatch: pytes
     big = torch.randn(1, 2, 2048, 256)  # past MAX_HEAD_DIM
     kv_cache.forward(torch.randn(1, 8, 1, 256), big, big, mask, None, True, None, 0.25, 0.0)
     assert [c["lse"] for c in fa4_model] == [None]
-    monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "0")
+    set_switch(monkeypatch, "FA4CACHE_DECODE_SPLIT", "0")
     assert split_calls() == 0
-    monkeypatch.setenv("FA4CACHE_DECODE_SPLIT", "1")
+    set_switch(monkeypatch, "FA4CACHE_DECODE_SPLIT", "1")
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "3")  # 2 sequences on 3 SMs: nothing to gain
     assert split_calls() == 0
     fa4_model.clear()
@@ -157,8 +158,8 @@ TRITON_CODE = r"""
 import os, random, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-from fa4cache.ops import decode_split, decode_split_triton, kv_cache
-from tests.unit.test_key_ranges_triton import draw
+from fa4cache.decode import key_ranges, split_kv, split_kv_triton
+from tests.decode.test_key_ranges_triton import draw
 
 seed = int(sys.argv[1])
 rng = random.Random(seed)
@@ -170,9 +171,9 @@ for case in range(int(sys.argv[2])):
     batch = mask.shape[0]
     splits = rng.choice([2, 4, 8, 16])
     chunk = max(1, -(-keys // splits))
-    cu, used = kv_cache._sequences(mask, None, batch, heads_kv, keys)
-    want = decode_split.chunks(cu, used, splits, chunk)
-    got = kv_cache.key_ranges_triton(mask, batch, heads_kv, keys, split=(splits, chunk))
+    cu, used = key_ranges._sequences(mask, None, batch, heads_kv, keys)
+    want = key_ranges.chunks(cu, used, splits, chunk)
+    got = key_ranges.key_ranges_triton(mask, batch, heads_kv, keys, split=(splits, chunk))
     for g, w, name in zip(got, want, ("cu_seqlens_k", "seqused_k")):
         assert g.dtype == torch.int32 and torch.equal(g, w), f"seed {seed} case {case}: {what} S={splits}: {name}"
     # Every key of every sequence in exactly one chunk, in order.
@@ -187,9 +188,9 @@ for case in range(int(sys.argv[2])):
         lse.view(splits, n * g_)[:, 0] = float("-inf")  # a row without keys in any chunk
     out_t, out_p = torch.empty(n, 1, g_, dv), torch.empty(n, 1, g_, dv)
     import triton
-    decode_split_triton.combine[(n * g_,)](parts, lse, out_t, n * g_, S=splits, D=dv,
+    split_kv_triton.combine[(n * g_,)](parts, lse, out_t, n * g_, S=splits, D=dv,
                                             BS=triton.next_power_of_2(splits), BD=triton.next_power_of_2(dv))
-    decode_split.combine(parts, lse, out_p, splits)
+    split_kv.combine(parts, lse, out_p, splits)
     torch.testing.assert_close(out_t, out_p, atol=1e-5, rtol=1e-5, msg=f"seed {seed} case {case}")
     done += 1
 assert done > 0
@@ -221,8 +222,8 @@ def test_the_combine_weighs_chunks_by_their_lse() -> None:
         parts.append(p @ v[a:b])
         lse.append(torch.logsumexp(s[:, a:b], -1))
     out = torch.empty(1, 1, 1, 8)
-    decode_split.combine(torch.stack(parts).view(2, 1, 1, 8), torch.stack(lse).view(2, 1, 1), out, 2)
+    split_kv.combine(torch.stack(parts).view(2, 1, 1, 8), torch.stack(lse).view(2, 1, 1), out, 2)
     torch.testing.assert_close(out.view(1, 8), torch.softmax(s, -1) @ v)
     # No keys in any chunk: 0, as FA4 gives a query without keys.
-    decode_split.combine(torch.randn(2, 1, 1, 8), torch.full((2, 1, 1), float("-inf")), out, 2)
+    split_kv.combine(torch.randn(2, 1, 1, 8), torch.full((2, 1, 1), float("-inf")), out, 2)
     assert torch.equal(out, torch.zeros_like(out))

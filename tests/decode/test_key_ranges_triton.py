@@ -1,5 +1,5 @@
-"""A decode step's key ranges in one Triton launch (fa4cache/ops/key_ranges_triton.py) equal
-the PyTorch form's (fa4cache.ops.kv_cache._sequences) on random masks: left padding, empty
+"""A decode step's key ranges in one Triton launch (fa4cache/decode/key_ranges_triton.py) equal
+the PyTorch form's (fa4cache.decode.key_ranges._sequences) on random masks: left padding, empty
 rows, masks wider and narrower than the keys, long/bool/int masks, strided views, 1 to 9
 KV heads; a mask that is not one run per row is refused by both. Run on the CPU through
 Triton's interpreter, in a subprocess (the interpreter is chosen at import). The GPU run is
@@ -20,8 +20,8 @@ CODE = r"""
 import os, random, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
-from fa4cache.ops import kv_cache
-from tests.unit.test_key_ranges_triton import draw
+from fa4cache.decode import key_ranges
+from tests.decode.test_key_ranges_triton import draw
 
 seed = int(sys.argv[1])
 rng = random.Random(seed)
@@ -33,18 +33,18 @@ for case in range(int(sys.argv[2])):
         for form in ("torch", "triton"):
             try:
                 if form == "torch":
-                    kv_cache._sequences(mask, None, batch, heads_kv, keys)
+                    key_ranges._sequences(mask, None, batch, heads_kv, keys)
                 else:
-                    kv_cache.key_ranges_triton(mask, batch, heads_kv, keys)
+                    key_ranges.key_ranges_triton(mask, batch, heads_kv, keys)
             except RuntimeError as e:
                 assert "one run of tokens" in str(e), (seed, case, what, e)
             else:
                 raise AssertionError(f"seed {seed} case {case}: {form} took {what}")
         refused += 1
         continue
-    want = kv_cache._sequences(mask, None, batch, heads_kv, keys)
+    want = key_ranges._sequences(mask, None, batch, heads_kv, keys)
     for check in (True, False):
-        got = kv_cache.key_ranges_triton(mask, batch, heads_kv, keys, check=check)
+        got = key_ranges.key_ranges_triton(mask, batch, heads_kv, keys, check=check)
         for g, w, name in zip(got, want, ("cu_seqlens_k", "seqused_k")):
             assert g.dtype == torch.int32 and g.is_contiguous(), (seed, case, name)
             assert torch.equal(g, w), f"seed {seed} case {case}: {what}: {name} {g.tolist()} != {w.tolist()}"

@@ -1,6 +1,6 @@
 """A decode layer's host-side shortcuts against the general forms they stand for: the single
-query view at one query (fa4cache.ops.kv_cache._query_view), the step-lengths sharing check
-(kv_cache._shareable), and the first-layer-of-its-kind answer kept per module
+query view at one query (fa4cache.decode.kv_cache._query_view), the step-lengths sharing check
+(fa4cache.decode.step_ranges._shareable), and the first-layer-of-its-kind answer kept per module
 (fa4cache.adapters.transformers.generation.first_of_its_kind)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4cache.ops import kv_cache  # noqa: E402
+from fa4cache.decode import kv_cache, step_ranges  # noqa: E402
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
 
@@ -61,12 +61,12 @@ def test_step_lengths_are_not_kept_while_a_cuda_graph_captures(monkeypatch: pyte
     with FakeTensorMode():
         src = torch.empty(2, 8, device="cuda")  # a CUDA tensor without a GPU
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert kv_cache._shareable(src)
+    assert step_ranges._shareable(src)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert not kv_cache._shareable(src)
+    assert not step_ranges._shareable(src)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert not kv_cache._shareable(src)
+    assert not step_ranges._shareable(src)
 
 
 class _Layer(torch.nn.Module):
@@ -133,7 +133,7 @@ def test_a_decode_step_traced_as_a_frame_of_its_own_goes_through_the_op(monkeypa
 
     gen = _fresh()
     used = []
-    monkeypatch.setattr(gen.kv_cache, "op", lambda: lambda *a: used.append("op") or "op")
+    monkeypatch.setattr(gen.decode_op, "op", lambda: lambda *a: used.append("op") or "op")
     monkeypatch.setattr(gen.kv_cache, "forward", lambda *a, **k: used.append("forward") or "forward")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     layer = _Layer(0, SimpleNamespace(layer_types=["full"]))

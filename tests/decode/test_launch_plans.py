@@ -1,4 +1,4 @@
-"""Launch plans (fa4cache/ops/launch_plans.py) against FA4's own planning.
+"""Launch plans (fa4cache/decode/launch_plans.py, plan.py, observe.py, launch.py) against FA4's own planning.
 
 FA4's real ``_flash_attn_fwd`` plans each call here on fake CUDA tensors (FakeTensorMode),
 with its "is this fake?" answered no, so that it goes on to call the kernel: the compile
@@ -25,9 +25,11 @@ import pytest
 torch = pytest.importorskip("torch")
 fi = pytest.importorskip("flash_attn.cute.interface")
 
-from fa4cache import fa4_releases  # noqa: E402
+from fa4cache import fa4_releases, settings  # noqa: E402
+from fa4cache.decode import launch, observe, plan  # noqa: E402
+from fa4cache.decode import launch_plans as lp  # noqa: E402
 from fa4cache.fingerprint import fa4_source_digest  # noqa: E402
-from fa4cache.ops import launch_plans as lp  # noqa: E402
+from tests.helpers.switches import set_switch  # noqa: E402
 
 # Planning is checked against one FA4's internals; on an FA4 whose release does not list
 # launch_plans, plans are off (the last test checks that) and FA4 plans every call.
@@ -69,7 +71,7 @@ def fa4(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     monkeypatch.setattr(lp, "_verified", [True])
     # Fake tensors have no data pointer: their storage's identity and offset stand in for it,
     # on a 256-byte grid (as FA4 itself takes a fake tensor's address to be its offset).
-    monkeypatch.setattr(lp, "_pointers", lambda ts: [fake_address(t) for t in ts])
+    monkeypatch.setattr(plan, "_pointers", lambda ts: [fake_address(t) for t in ts])
     lp.clear()
     rec.mode = FakeTensorMode()  # type: ignore[attr-defined]
     yield rec
@@ -92,7 +94,7 @@ def _whole(arch: int) -> Any:
 
 
 def draw(rng: random.Random) -> dict[str, Any]:
-    """A decode call as fa4cache.ops.kv_cache makes it: (row, KV head) pairs as sequences."""
+    """A decode call as fa4cache.decode.kv_cache makes it: (row, KV head) pairs as sequences."""
     d = rng.choice([64, 96, 128] + ([256] if rng.random() < 0.2 else []))
     window = rng.choice([None, None, rng.randint(0, 4096)])
     return {
@@ -124,10 +126,10 @@ def kwargs(c: dict[str, Any], t: tuple[Any, ...], tk: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def fa4_plan(rec: Recorder, c: dict[str, Any], tk: int, arch: int) -> lp.Plan | None:
+def fa4_plan(rec: Recorder, c: dict[str, Any], tk: int, arch: int) -> plan.Plan | None:
     t = tensors(rec.mode, c, tk)  # type: ignore[attr-defined]
-    _, calls = lp.observe(fi._flash_attn_fwd, lambda: _whole(arch)(*t[:3], **kwargs(c, t, tk)))
-    return lp.plan_of(rec, calls, t)
+    _, calls = observe.observe(fi._flash_attn_fwd, lambda: _whole(arch)(*t[:3], **kwargs(c, t, tk)))
+    return plan.plan_of(rec, calls, t)
 
 
 @pytest.mark.parametrize("arch", [90, 100])
@@ -169,21 +171,21 @@ def test_a_replay_hands_the_kernel_what_fa4_would(fa4: Recorder) -> None:
         tk1, tk2 = rng.randint(2, 5000), rng.randint(1, 5000)  # a plan is made from 2 key rows on
         lp.clear()  # an earlier case may be of the same family
         t1 = tensors(fa4.mode, c, tk1)  # type: ignore[attr-defined]
-        lp.replay_or_plan(fi, counted, t1, kwargs(c, t1, tk1))  # planned: FA4 runs whole
+        launch.replay_or_plan(fi, counted, t1, kwargs(c, t1, tk1))  # planned: FA4 runs whole
         t2 = tensors(fa4.mode, c, tk2)  # type: ignore[attr-defined]
         fa4.calls.clear()
-        got = lp.replay_or_plan(fi, counted, t2, kwargs(c, t2, tk2))
+        got = launch.replay_or_plan(fi, counted, t2, kwargs(c, t2, tk2))
         assert whole_calls["whole"] == 1, f"seed {SEED} case {case}: {c}: not replayed"
         assert got is t2[3]
         ((key, replayed),) = fa4.calls
         # What FA4 itself hands its kernel for these very tensors.
         kw2 = kwargs(c, t2, tk2)
-        _, calls = lp.observe(fi._flash_attn_fwd, lambda: run(*t2[:3], **kw2))  # noqa: B023
+        _, calls = observe.observe(fi._flash_attn_fwd, lambda: run(*t2[:3], **kw2))  # noqa: B023
         ((want_key, _fn, want, _kw),) = calls
         assert key == want_key and len(replayed) == len(want), f"seed {SEED} case {case}: {c}"
         for i, (a, b) in enumerate(zip(replayed, want)):
             if isinstance(b, torch.Tensor):
-                assert lp._same_tensor(a, b), f"seed {SEED} case {case}: {c}: argument {i}"
+                assert plan._same_tensor(a, b), f"seed {SEED} case {case}: {c}: argument {i}"
             else:
                 assert a == b or (a is None and b is None), f"seed {SEED} case {case}: {c}: {a!r} != {b!r}"
 
@@ -205,10 +207,10 @@ def _plan_then(fa4: Recorder, change: Any) -> int:
     n, counted = _counted()
 
     t = tensors(fa4.mode, c, 100)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 100))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 100))
     change()
     t = tensors(fa4.mode, c, 101)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 101))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 101))
     return n["whole"]
 
 
@@ -260,14 +262,14 @@ def test_fa4_settings_tell_apart_whatever_fa4s_own_getters_do(monkeypatch: pytes
                     u._get_disable_s_ping_pong_default(), os.getenv("FLASH_ATTENTION_NUM_SMS"),
                     fi.fa_logging.get_fa_log_level(),
                 )  # fmt: skip
-                read = lp.fa4_settings(fi)
+                read = plan.fa4_settings(fi)
                 assert seen.setdefault(read, getters) == getters, (read, getters)
     assert len(set(seen.values())) == 3 * 3 * 2**3  # the cuda12 switch only ORs into the 2-CTA one
 
 
 def test_the_environment_is_read_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
     def sms() -> Any:
-        return lp.fa4_settings(fi)[5]
+        return plan.fa4_settings(fi)[5]
 
     monkeypatch.setenv("FLASH_ATTENTION_NUM_SMS", "16")
     assert sms() == "16"
@@ -282,8 +284,9 @@ def test_the_environment_is_read_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_switch_is_parsed_from_the_value_it_was_compared_by(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The environment changed between the comparison and the parse (another thread): the
-    # answer kept for "0" must be "off", whatever the environment says by then.
+    # The environment changed after the switches were read (another thread): the answer kept
+    # for "0" must be "off", whatever the environment says by then (the switches are read
+    # once a process: fa4cache.settings.decode_switches).
     class Changing(dict):  # type: ignore[type-arg]
         reads = 0
 
@@ -294,10 +297,11 @@ def test_the_switch_is_parsed_from_the_value_it_was_compared_by(monkeypatch: pyt
             return "0" if self.reads == 1 else "1"
 
     monkeypatch.setattr(lp, "_verified", [True])
-    monkeypatch.setattr(lp, "_switch", [object(), None])
+    monkeypatch.setattr(settings, "_decode_switches", [])  # not read yet
     monkeypatch.setattr(os, "environ", Changing())
     assert not lp.enabled()
-    assert lp._switch == ["0", False]
+    assert settings._decode_switches == [settings.DecodeSwitches(launch_plans=False)]
+    assert not lp.enabled()  # kept, not read again
 
 
 def test_a_cleared_compile_cache_is_planned_again(fa4: Recorder) -> None:
@@ -315,11 +319,11 @@ def test_a_call_with_tensors_fa4_made_is_no_plan(fa4: Recorder) -> None:
     t = tensors(fa4.mode, c, 50)  # type: ignore[attr-defined]
     other = tensors(fa4.mode, c, 50)  # type: ignore[attr-defined]
     key = object()
-    assert lp.plan_of(fa4, [(key, None, (t[0], t[1]), {})], t) is not None
-    assert lp.plan_of(fa4, [(key, None, (t[0], other[1]), {})], t) is None  # not the call's own
-    assert lp.plan_of(fa4, [(key, None, (t[0], (t[1],)), {})], t) is None  # a tensor inside an argument
-    assert lp.plan_of(fa4, [(key, None, (t[0],), {}), (key, None, (t[0],), {})], t) is None  # two launches
-    assert lp.plan_of(fa4, [], t) is None  # no launch (FA4 returned early)
+    assert plan.plan_of(fa4, [(key, None, (t[0], t[1]), {})], t) is not None
+    assert plan.plan_of(fa4, [(key, None, (t[0], other[1]), {})], t) is None  # not the call's own
+    assert plan.plan_of(fa4, [(key, None, (t[0], (t[1],)), {})], t) is None  # a tensor inside an argument
+    assert plan.plan_of(fa4, [(key, None, (t[0],), {}), (key, None, (t[0],), {})], t) is None  # two launches
+    assert plan.plan_of(fa4, [], t) is None  # no launch (FA4 returned early)
 
 
 def test_unverified_fa4_and_the_setting_turn_plans_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -327,13 +331,13 @@ def test_unverified_fa4_and_the_setting_turn_plans_off(monkeypatch: pytest.Monke
     assert not lp.enabled()
     monkeypatch.setattr(lp, "_verified", [True])
     assert lp.enabled()
-    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+    set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "0")
     assert not lp.enabled()
-    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "1")  # read again at the next call, not kept
+    set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "1")  # read again when set_switch rereads them
     assert lp.enabled()
-    monkeypatch.setenv("FA4CACHE_LAUNCH_PLANS", "0")
+    set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "0")
     assert not lp.enabled()
-    monkeypatch.delenv("FA4CACHE_LAUNCH_PLANS")
+    set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", None)
     assert lp.enabled()
 
 
@@ -343,7 +347,7 @@ def test_cpu_tensors_run_fa4_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     k = torch.zeros(20, 1, 64)
     out = torch.zeros(2, 1, 4, 64)
     cu, used = torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
-    got, _ = lp.launch_replay(
+    got, _ = launch.launch_replay(
         lambda *a, **kw: seen.append(kw) or kw["out"], (q, k, k, out, cu, used),
         (1, 0.1, True, 0.0, None, None), 10,
     )  # fmt: skip
@@ -378,17 +382,17 @@ def test_k_and_v_as_one_tensor_never_lend_their_slots_to_distinct_ones(fa4: Reco
     q, k, _v, out, cu, used = tensors(fa4.mode, c, 40)  # type: ignore[attr-defined]
     same = (q, k, k, out, cu, used)
     for _ in range(2):
-        lp.replay_or_plan(fi, counted, same, kwargs(c, same, 40))
+        launch.replay_or_plan(fi, counted, same, kwargs(c, same, 40))
     assert n["whole"] == 2  # never replayed
     t = tensors(fa4.mode, c, 41)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 41))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 41))
     assert n["whole"] == 3  # planned: its own family
     t = tensors(fa4.mode, c, 42)  # type: ignore[attr-defined]
     fa4.calls.clear()
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 42))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 42))
     assert n["whole"] == 3
     ((_, args),) = fa4.calls
-    assert lp._same_tensor(args[1], t[1]) and lp._same_tensor(args[2], t[2])
+    assert plan._same_tensor(args[1], t[1]) and plan._same_tensor(args[2], t[2])
 
 
 def test_a_tensor_off_the_alignment_grid_is_a_family_of_its_own(fa4: Recorder) -> None:
@@ -398,12 +402,12 @@ def test_a_tensor_off_the_alignment_grid_is_a_family_of_its_own(fa4: Recorder) -
     n, counted = _counted()
 
     t = tensors(fa4.mode, c, 30)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 30))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 30))
     with fa4.mode:  # type: ignore[attr-defined]
         wide = torch.empty(c["n"] * 31 * c["d"] + 1, dtype=c["dtype"], device="cuda")
         k = wide.as_strided((c["n"] * 31, 1, c["d"]), (c["d"], c["d"], 1), 1)  # 2 bytes off the grid
     t = (t[0], k, tensors(fa4.mode, c, 31)[2], *t[3:])  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 31))
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 31))
     assert n["whole"] == 2
     assert sum(p is lp._NOT_PLANNED for p in lp._plans.values()) == 1  # FA4 copied k: no plan
 
@@ -412,11 +416,11 @@ def test_keys_and_values_of_other_counts_are_fa4s_to_refuse(fa4: Recorder) -> No
     c = {**draw(random.Random(SEED + 7)), "d": 128}
     n, counted = _counted()
     t = tensors(fa4.mode, c, 20)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 20))  # planned
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 20))  # planned
     shorter_v = tensors(fa4.mode, c, 19)[2]  # type: ignore[attr-defined]
     t = (*t[:2], shorter_v, *t[3:])
     with pytest.raises(AssertionError):  # FA4's own check, not a replay reading past v
-        lp.replay_or_plan(fi, counted, t, kwargs(c, t, 20))
+        launch.replay_or_plan(fi, counted, t, kwargs(c, t, 20))
     assert n["whole"] == 2
 
 
@@ -445,13 +449,13 @@ def test_a_family_is_not_planned_from_one_key_row(fa4: Recorder, monkeypatch: py
             wide = torch.empty(rows * 132 + 128, dtype=c["dtype"], device="cuda")
             k = wide.as_strided((rows, 1, 128), (132, 128, 1))
         t = (q, k, v, out, cu, used)
-        lp.replay_or_plan(fi, counted, t, kwargs(c, t, rows))
+        launch.replay_or_plan(fi, counted, t, kwargs(c, t, rows))
     assert n["whole"] == 4
     assert list(lp._plans.values()) == [lp._NOT_PLANNED]
 
 
 def test_an_arch_whose_planning_was_not_checked_gets_no_plans(fa4: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lp, "VERIFIED_ARCHS", frozenset())
+    monkeypatch.setattr(launch, "VERIFIED_ARCHS", frozenset())
     assert _plan_then(fa4, lambda: None) == 2
 
 
@@ -461,8 +465,8 @@ def test_fa4s_log_level_changed_at_run_time_is_planned_again(fa4: Recorder, monk
 
 
 def test_an_observed_cache_is_unwrapped_for_other_threads(fa4: Recorder) -> None:
-    seen = lp._Observed(fa4)
-    assert lp.unobserved(seen) is fa4 and lp.unobserved(fa4) is fa4
+    seen = observe._Observed(fa4)
+    assert observe.unobserved(seen) is fa4 and observe.unobserved(fa4) is fa4
 
 
 # launch_replay(): the decode layer's entry, where the family stands in for a plain-tensor check
@@ -478,8 +482,8 @@ def _planned(fa4: Recorder) -> tuple[dict[str, Any], dict[str, int], Any]:
     c = {**draw(random.Random(SEED + 20)), "d": 128}
     n, counted = _counted()
     t = tensors(fa4.mode, c, 30)  # type: ignore[attr-defined]
-    lp.replay_or_plan(fi, counted, t, kwargs(c, t, 30))  # a plan for fake tensors taken as plain
-    assert any(type(p) is lp.Plan for p in lp._plans.values())
+    launch.replay_or_plan(fi, counted, t, kwargs(c, t, 30))  # a plan for fake tensors taken as plain
+    assert any(type(p) is plan.Plan for p in lp._plans.values())
     return c, n, counted
 
 
@@ -493,7 +497,7 @@ def test_launch_does_not_replay_a_call_of_another_grad_flag_or_device(fa4: Recor
         else:
             t = [x.to("cuda:1") for x in t]
     with contextlib.suppress(Exception):  # FA4's own answer to such a call; only a replay is wrong
-        lp.launch_replay(counted, tuple(t), _scalars(c), 31)
+        launch.launch_replay(counted, tuple(t), _scalars(c), 31)
     assert n["whole"] == 2, "a plan of another family was replayed"
 
 
@@ -506,7 +510,7 @@ def test_a_tensor_subclass_is_a_family_of_its_own() -> None:
     t = (q, k, torch.zeros_like(k), torch.zeros_like(q), torch.zeros(3, dtype=torch.int32),
          torch.zeros(2, dtype=torch.int32))  # fmt: skip
     s = (1, 0.1, True, 0.0, None, None)
-    assert lp.family(fi, t, s) != lp.family(fi, (q.as_subclass(Sub), *t[1:]), s)
+    assert plan.family(fi, t, s) != plan.family(fi, (q.as_subclass(Sub), *t[1:]), s)
 
 
 def test_launch_never_plans_tensors_that_are_not_plain(fa4: Recorder) -> None:
@@ -514,15 +518,15 @@ def test_launch_never_plans_tensors_that_are_not_plain(fa4: Recorder) -> None:
     c = {**draw(random.Random(SEED + 21)), "d": 128}
     n, counted = _counted()
     for tk in (30, 31, 32):
-        lp.launch_replay(counted, tensors(fa4.mode, c, tk), _scalars(c), tk)  # type: ignore[attr-defined]
-    assert n["whole"] == 3 and not any(type(p) is lp.Plan for p in lp._plans.values())
+        launch.launch_replay(counted, tensors(fa4.mode, c, tk), _scalars(c), tk)  # type: ignore[attr-defined]
+    assert n["whole"] == 3 and not any(type(p) is plan.Plan for p in lp._plans.values())
 
 
 def test_launch_does_not_replay_inside_a_fake_mode(fa4: Recorder) -> None:
     c, n, counted = _planned(fa4)
     t = tensors(fa4.mode, c, 31)  # type: ignore[attr-defined]
     with fa4.mode:  # type: ignore[attr-defined]
-        lp.launch_replay(counted, t, _scalars(c), 31)
+        launch.launch_replay(counted, t, _scalars(c), 31)
     assert n["whole"] == 2
 
 
@@ -530,5 +534,5 @@ def test_launch_replays_a_planned_family(fa4: Recorder) -> None:
     # The other side of the tests above: the same family at a new key count is replayed.
     c, n, counted = _planned(fa4)
     fa4.calls.clear()
-    lp.launch_replay(counted, tensors(fa4.mode, c, 77), _scalars(c), 77)  # type: ignore[attr-defined]
+    launch.launch_replay(counted, tensors(fa4.mode, c, 77), _scalars(c), 77)  # type: ignore[attr-defined]
     assert n["whole"] == 1 and len(fa4.calls) == 1

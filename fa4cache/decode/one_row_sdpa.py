@@ -18,7 +18,8 @@ syncs:
 
 Every other step stays on FA4: larger batches, padding, sliding windows, softcapping,
 static caches, head dims past 256, and steps that torch.compile traces or a CUDA graph
-captures. ``FA4CACHE_ONE_ROW_SDPA=0`` keeps these steps on FA4 too.
+captures. ``FA4CACHE_ONE_ROW_SDPA=0`` keeps these steps on FA4 too. Which step runs here
+is :func:`.choose.choose`'s answer.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def applies(mask: Any) -> bool:
     capture, not an inference tensor (it has no version to check), with the setting on."""
     import torch
 
-    from fa4cache.settings import setting
+    from fa4cache.settings import decode_switches
 
     if torch.compiler.is_compiling():
         return False
@@ -52,7 +53,7 @@ def applies(mask: Any) -> bool:
         return False
     if mask.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    return bool(setting("FA4CACHE_ONE_ROW_SDPA"))
+    return decode_switches().one_row_sdpa
 
 
 def _keep(mask: Any, ones: bool) -> bool:
@@ -67,7 +68,12 @@ def not_all_ones(mask: Any) -> Any:
     buffer: its later slots are empty), so that :func:`all_ones` costs no sync for it."""
     import torch
 
-    if not torch.compiler.is_compiling() and mask.dim() == 2 and mask.shape[0] == 1 and not mask.is_inference():
+    if (
+        not torch.compiler.is_compiling()
+        and mask.dim() == 2
+        and mask.shape[0] == 1
+        and not mask.is_inference()
+    ):
         _keep(mask, False)  # (an inference tensor has no version to keep the answer by)
     return mask
 
