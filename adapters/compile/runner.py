@@ -268,30 +268,40 @@ def _split_rows(
     kernel counts as compiled for the first spec that asked for it."""
     from fa4cache.adapters.compile import kernel_set, split
     from fa4cache.adapters.fa4.compile_cache import ahead_off
+    from fa4cache.adapters.patch import fold_all_hits
 
     from fa4cache.store import runtime
     from fa4cache.store.paths import EntryRef
 
-    tc = runtime.current_toolchain()
-    if tc is None:
-        raise RuntimeError("warm(split=True): no toolchain installed (fa4cache.install() first)")
     jobs = [kernel_set.SpecJob(s.to_dict()) for s in specs]
     errors: dict[int, str] = {}
     planned: list[list[str]] = []
     kernels: list[tuple[int, Any]] = []
     seen: set[str] = set()
+    in_memory: list[int] = []  # kernels this process holds already: planning never lists them
+
+    def memory_hits() -> float:
+        fold_all_hits()
+        return float(store.counts().get("memory_hits", 0))
+
     with ahead_off():  # the plan is the set: no compile-ahead of kernels nobody asked for
         for i, job in enumerate(jobs):
+            m0 = memory_hits()
             try:
                 ks = kernel_set.plan(job.run)
             except Exception as e:
                 errors[i] = f"{type(e).__name__}: {e}"
                 ks = []
+            in_memory.append(int(memory_hits() - m0))
             planned.append([k.digest for k in ks])
             for k in ks:
                 if k.digest not in seen:
                     seen.add(k.digest)
                     kernels.append((i, k))
+
+        tc = runtime.current_toolchain()  # after planning: FA4 is imported, its patches named
+        if tc is None:
+            raise RuntimeError("warm(split=True): no toolchain installed")
 
         def compile_one(ik: tuple[int, Any], held: Any) -> str:
             i, k = ik
@@ -315,7 +325,7 @@ def _split_rows(
         mine = [d for d in planned[i] if d in res.compiled and d not in counted_here]
         counted_here.update(planned[i])
         compile_s = sum(res.compiled[d] for d in mine)
-        n = len(planned[i])
+        n = len(planned[i]) + in_memory[i]
         rows.append(WarmRow(spec, len(mine), n - len(mine), res.seconds, errors.get(i), compile_s, n))
     return rows, res.claimed, res.later
 
