@@ -22,12 +22,8 @@ _FACE = {
     "warm": "fa4cache.adapters.compile.runner",
     "WarmReport": "fa4cache.adapters.compile.runner",
     "WarmRow": "fa4cache.adapters.compile.runner",
-    "warm_parallel": "fa4cache.adapters.compile.parallel",
     "default_jobs": "fa4cache.adapters.compile.task",
     "quack_calls": "fa4cache.adapters.compile.warm_jit_calls",
-    "generation_items": "fa4cache.adapters.compile.generation",
-    "check_item": "fa4cache.adapters.compile.generation",
-    "GENERATION_KEY": "fa4cache.adapters.compile.generation",
     "start_model_set": "fa4cache.adapters.compile.ahead",
     "rebuild": "fa4cache.adapters.compile.rebuild_check",
 }

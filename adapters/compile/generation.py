@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fa4cache.aot.plan import GENERATION_KEY, GenerationCall
-
-__all__ = ["GENERATION_KEY", "GenerationCall", "calls", "check_item", "generation_items"]
+from fa4cache.aot.plan import GenerationCall
 
 # Queries of a step with prompts: more than one tile of (query, head) rows, the other kernel.
 _PREFILL_QUERIES = 256
@@ -80,15 +78,3 @@ def calls(g: GenerationCall) -> int:
     finally:
         kv_cache.sequences = real_sequences  # type: ignore[assignment]
     return made
-
-
-def generation_items(cfg: dict[str, Any], dtypes: list[str], arch: str) -> list[dict[str, Any]]:
-    """The generation calls of the model ``cfg``, as the specs their entries record
-    (:meth:`GenerationCall.for_model`, as dicts)."""
-    return [c.to_dict() for c in GenerationCall.for_model(cfg, dtypes, arch)]
-
-
-def check_item(item: Any) -> dict[str, Any]:
-    """A recorded generation spec, checked (``ValueError`` for one this version cannot run)."""
-    GenerationCall.from_dict(item)
-    return item  # type: ignore[no-any-return]

@@ -1,4 +1,5 @@
-"""``fa4cache warm -j N``: the kernels of every spec spread over N worker processes.
+"""The warm runner's ``jobs=N`` (``fa4cache warm -j N``): the kernels of every spec spread
+over N worker processes (called by :mod:`fa4cache.adapters.compile.runner` only).
 
 Workers are forked after FA4 is imported (from this process where it holds no GPU, else
 from one GPU-blind compile server), so the import is paid once. Each worker lists the
