@@ -101,6 +101,10 @@ def _prepare(inst: Route, module: types.ModuleType) -> None:
 
         if setting("FA4CACHE_INTERVAL_MASKING") and interval_masking.enable():
             inst.codegen_patches[interval_masking.NAME] = interval_masking.source_digest()
+            # A toolchain asked for before FA4's import (``current_toolchain()`` read early, as
+            # a split warm does) did not name this patch: kernels would be stored under an id
+            # no patched process looks up. Compute it again.
+            inst._toolchain = None
         if fa4_releases.on(Coupling.CROSS_COMPILE):
             cross_compile.answer_hardware_queries()
         inst.toolchain()

@@ -21,8 +21,6 @@ def main() -> None:
     masks = sys.argv[3].split(",")
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
-    from fa4cache.adapters.compile.kernel_set import SpecJob
-    from fa4cache.adapters.distributed.split import warm_across
 
     import fa4cache
     from fa4cache.aot.spec import KernelSpec
@@ -32,14 +30,15 @@ def main() -> None:
     store = fa4cache.install(base / f"node-{rank}", distributed=True, compile_server=False)
     import flash_attn.cute.interface  # noqa: F401  (imports are not compile time)
 
-    jobs = [SpecJob(KernelSpec(head_dim=h, mask=m, heads=2, seqlen=256).to_dict()) for h in head_dims for m in masks]
+    specs = [KernelSpec(head_dim=h, mask=m, heads=2, seqlen=256) for h in head_dims for m in masks]
     dist.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
-    res = warm_across(jobs)
+    res = fa4cache.warm(specs, split=True)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     store.counters.flush()
-    out = {"rank": rank, "kernels": res.kernels, "claimed": res.claimed, "compiled_later": res.compiled_later,
-           "fetched": store.counters.values["remote_hits"], "compile_seconds": res.compile_seconds,
+    out = {"rank": rank, "kernels": sum(r.kernels or 0 for r in res.rows), "claimed": res.claimed,
+           "compiled_later": res.compiled - res.claimed, "fetched": store.counters.values["remote_hits"],
+           "compile_seconds": sum(r.compile_seconds for r in res.rows),
            "wall": wall, "cpu": cpu, "fetch_seconds": store.counters.values["remote_seconds"]}  # fmt: skip
     (base / f"result-{rank}.json").write_text(json.dumps(out))
     dist.barrier()

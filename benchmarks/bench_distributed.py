@@ -2,7 +2,7 @@
 
 Runs two real ``torchrun`` jobs (gloo, CPU, real FA4 cross-compiles for sm_90): one "node"
 (one rank, one store), then ``--nodes`` nodes (one rank each, each its own store), each
-warming the same kernel set through :func:`fa4cache.adapters.distributed.split.warm_across`.
+warming the same kernel set through ``fa4cache.warm(specs, split=True)``.
 A node's compile time is measured as its process CPU seconds during the warm (on a machine
 with fewer cores than nodes, concurrent compiles share cores, so wall time says less; on a
 real cluster each node has its own); wall time is reported too.

@@ -105,11 +105,11 @@ def worker(args: argparse.Namespace) -> None:
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t_start}
     if args.warm_quack:  # what `fa4cache warm --hf-config ... --with-quack --tokens B*S` compiles
-        from fa4cache.adapters.compile.warm_jit_calls import quack_calls, warm_jit
+        from fa4cache.adapters.compile.warm_jit_calls import quack_calls
 
         t0 = time.perf_counter()
-        rs = warm_jit(quack_calls(args.hidden, args.vocab, ["bf16"], [args.batch * args.seqlen]))
-        out["warm_quack"] = [[r.call.label(), r.compiles, r.present, r.error] for r in rs]
+        rs = fa4cache.warm(quack_calls(args.hidden, args.vocab, ["bf16"], [args.batch * args.seqlen])).rows
+        out["warm_quack"] = [[r.label, r.compiled, r.present, r.error] for r in rs]
         out["warm_quack_s"] = time.perf_counter() - t0
         assert store is not None
         store.counters.flush()

@@ -49,6 +49,11 @@ __all__ = [
     "AttentionMask",
     "DocumentMaskBuilder",
     "KernelSpec",
+    "WarmPlan",
+    "Target",
+    "GenerationCall",
+    "WarmReport",
+    "warm",
     "attention",
     "jit_cache",
     "expect_warm",
@@ -69,6 +74,11 @@ _LAZY = {
     "AttentionMask": "fa4cache.masks",
     "DocumentMaskBuilder": "fa4cache.masks",
     "KernelSpec": "fa4cache.aot.spec",
+    "WarmPlan": "fa4cache.aot.plan",
+    "Target": "fa4cache.aot.plan",
+    "GenerationCall": "fa4cache.aot.plan",
+    "warm": "fa4cache.adapters.compile.runner",
+    "WarmReport": "fa4cache.adapters.compile.runner",
     "attention": "fa4cache.ops.attention",
     "jit_cache": "fa4cache.adapters.jit.jit_cache",
     "expect_warm": "fa4cache.warmth",
@@ -82,8 +92,10 @@ _LAZY = {
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:
+    from fa4cache.adapters.compile.runner import WarmReport, warm
     from fa4cache.adapters.install import install, uninstall
     from fa4cache.adapters.jit.jit_cache import jit_cache
+    from fa4cache.aot.plan import GenerationCall, Target, WarmPlan
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.ops.attention import attention
     from fa4cache.store.stats import stats

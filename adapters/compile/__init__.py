@@ -5,8 +5,9 @@ Its face is the few calls other layers make; the rest (tasks, the server, its wo
 planner) is this package's own business. Names load on first use: the CLI imports this
 face without importing torch or FA4.
 
-* :func:`warm`, :func:`warm_parallel`, :func:`warm_jit`, :func:`warm_generation_items`:
-  fill a store from specs (the CLI's ``warm``, Ray's prewarm);
+* :func:`warm`: the one warm runner (``fa4cache.warm``): a plan's items into the store, in
+  this process, over ``-j`` workers or split across a job's nodes; one :class:`WarmReport`
+  (the CLI's ``warm``, Ray's prewarm);
 * :func:`start_model_set`: compile a model's kernel set in the background at model load;
 * :func:`rebuild`: ``verify --rebuild``'s clean compiles to compare bytes against.
 """
@@ -18,17 +19,11 @@ import typing as _typing
 
 # name -> the module that defines it (full names: the structure report follows them).
 _FACE = {
-    "warm": "fa4cache.adapters.compile.warm_specs",
-    "set_cross_compile_env": "fa4cache.adapters.compile.warm_specs",
-    "WarmResult": "fa4cache.adapters.compile.warm_specs",
-    "warm_parallel": "fa4cache.adapters.compile.parallel",
+    "warm": "fa4cache.adapters.compile.runner",
+    "WarmReport": "fa4cache.adapters.compile.runner",
+    "WarmRow": "fa4cache.adapters.compile.runner",
     "default_jobs": "fa4cache.adapters.compile.task",
-    "warm_jit": "fa4cache.adapters.compile.warm_jit_calls",
     "quack_calls": "fa4cache.adapters.compile.warm_jit_calls",
-    "warm_generation_items": "fa4cache.adapters.compile.generation",
-    "generation_items": "fa4cache.adapters.compile.generation",
-    "check_item": "fa4cache.adapters.compile.generation",
-    "GENERATION_KEY": "fa4cache.adapters.compile.generation",
     "start_model_set": "fa4cache.adapters.compile.ahead",
     "rebuild": "fa4cache.adapters.compile.rebuild_check",
 }

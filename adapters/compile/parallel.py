@@ -1,4 +1,5 @@
-"""``fa4cache warm -j N``: the kernels of every spec spread over N worker processes.
+"""The warm runner's ``jobs=N`` (``fa4cache warm -j N``): the kernels of every spec spread
+over N worker processes (called by :mod:`fa4cache.adapters.compile.runner` only).
 
 Workers are forked after FA4 is imported (from this process where it holds no GPU, else
 from one GPU-blind compile server), so the import is paid once. Each worker lists the
@@ -22,12 +23,19 @@ from fa4cache.aot.spec import KernelSpec
 
 log = logging.getLogger(__name__)
 
+
 def warm_parallel(
-    specs: list[KernelSpec], jobs: int, cache_dir: str, on_fork: Callable[[], None] = lambda: None
+    specs: list[KernelSpec],
+    jobs: int,
+    cache_dir: str,
+    on_fork: Callable[[], None] = lambda: None,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One result per spec, as ``warm`` reports them (``compiles``, ``present``,
     ``seconds``: compile seconds of its kernels, summed, ``error``). ``on_fork``: called
-    once the workers run (a progress thread may start then: never before a fork).
+    once the workers run (a progress thread may start then: never before a fork). ``env``:
+    the target a GPU host's compile server compiles for (the runner's
+    :meth:`~fa4cache.aot.plan.Target.env`); None: this process's.
 
     A kernel the workers found present is then loaded here, verified: one that fails its
     checksum is quarantined and compiled again (as ``warm -j 1`` does), and each present
@@ -48,10 +56,12 @@ def warm_parallel(
         if bad:  # quarantined: compile those again, in the same workers' way
             results += _fork_run(task.only(bad), min(jobs, len(bad)), lambda: None)
         return merge(specs, results, time.perf_counter() - t0, stored=_stored(cache_dir))
-    env = compile_server.target_env()
+    env = {
+        k: v for k, v in (env or {}).items() if k in compile_server.TARGET_VARS
+    } or compile_server.target_env()
     if env is None:
-        raise RuntimeError("warm: no target arch (set_cross_compile_env first)")
-    env["FA4CACHE_DIR"] = cache_dir
+        raise RuntimeError("warm: no target arch (give the runner a plan with its target)")
+    env = {**env, "FA4CACHE_DIR": cache_dir}
     # A GPU here: one GPU-blind server imports FA4 once and forks the workers.
     server = compile_server.CompileServer(env)
     try:

@@ -1,4 +1,4 @@
-"""Warm CuTe-DSL kernels other than FA4's: QuACK's norm and cross-entropy kernels for a
+"""CuTe-DSL kernels other than FA4's, for the warm runner (:mod:`.runner`): QuACK's norm and cross-entropy kernels for a
 model, and any jit-cached function a manifest names (:class:`fa4cache.aot.jit_spec.JitCall`).
 
 QuACK kernels compile from their ``jit_cache`` keys alone (no tensors), so warming calls the
@@ -12,32 +12,18 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from fa4cache.adapters.fa4 import cross_compile
 from fa4cache.adapters.jit.jit_cache import JIT_ATTR
 
 from fa4cache.aot.jit_spec import JitCall
-from fa4cache.arch import ARCH_ENV
-from fa4cache.errors import ConfigError, quiet_library_warnings
-from fa4cache.store.runtime import record_spec
+from fa4cache.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 _CUTE_DTYPES = {"bf16": "cutlass.BFloat16", "fp16": "cutlass.Float16", "fp32": "cutlass.Float32"}
-
-
-@dataclass(frozen=True)
-class JitWarmResult:
-    call: JitCall
-    compiles: int
-    present: int  # already in the store or in this process's memory
-    seconds: float
-    error: str | None = None
 
 
 def _t(dtype: str) -> dict[str, str]:
@@ -175,36 +161,3 @@ def resolve(function: str) -> Callable[..., Any]:
             "fa4cache.install())"
         )
     return obj
-
-
-def warm_jit(calls: list[JitCall], cache_dir: str | None = None) -> list[JitWarmResult]:
-    """Compile ``calls`` into the store in this process; one result per call."""
-    from fa4cache.adapters.compile.warm_specs import counted, set_cross_compile_env
-    from fa4cache.adapters.jit.jit_cache import fold_all_hits
-    from fa4cache.adapters.patch import install
-
-    if not calls:
-        return []
-    archs = {c.arch.rstrip("a") for c in calls}
-    if len(archs) > 1:
-        raise ConfigError(f"warm: one target arch per run, got {', '.join(sorted(archs))}")
-    set_cross_compile_env(calls[0].arch)
-    pin_dsl_arch(ARCH_ENV[calls[0].arch][1])
-    # Without a GPU, kernels that ask the driver for the SM count (QuACK's GEMMs) get the target's.
-    cross_compile.answer_hardware_queries()
-    # QuACK picks its kernel classes by QUACK_ARCH when no GPU answers.
-    os.environ.setdefault("QUACK_ARCH", ARCH_ENV[calls[0].arch][1])
-    store = install(cache_dir)
-    results = []
-    for call in calls:
-
-        def run(call: JitCall = call) -> None:
-            fn = resolve(call.function)
-            # The call's spec goes into its entries' sidecars: `warm --replay` compiles it again.
-            with record_spec(call.to_dict()), quiet_library_warnings():
-                fn(*decode(list(call.args)), **{k: decode(v) for k, v in call.kwargs})
-
-        r = counted(store, fold_all_hits, call.label(), run)
-        results.append(JitWarmResult(call, r["compiles"], r["present"], r["seconds"], r["error"]))
-    store.flush_counters()
-    return results

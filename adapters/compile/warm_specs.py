@@ -1,4 +1,4 @@
-"""Compile kernel specs into the store without a GPU.
+"""Compile one kernel spec on the CPU (what the warm runner, :mod:`.runner`, does per spec).
 
 FA4 cross-compiles for a named arch on the CPU when called under
 ``torch._subclasses.fake_tensor.FakeTensorMode`` with ``device="cuda"`` tensors: the
@@ -11,38 +11,15 @@ available on a CPU build of torch).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fa4cache.aot.spec import KernelSpec
-from fa4cache.arch import cross_compile_env
 from fa4cache.errors import quiet_library_warnings
 from fa4cache.store.runtime import record_spec
 
 log = logging.getLogger(__name__)
-
-
-def set_cross_compile_env(arch: str = "sm_90", num_sms: int | None = None) -> None:
-    """Set what FA4 needs to compile for ``arch`` here (:func:`fa4cache.arch.cross_compile_env`).
-
-    Must run before FA4 is imported (FA4 reads it at import).
-    """
-    os.environ.update(cross_compile_env(arch, num_sms))
-
-
-@dataclass(frozen=True)
-class WarmResult:
-    spec: KernelSpec
-    compiles: int
-    present: int  # kernels already there: loaded from the store or already in this process's memory
-    seconds: float  # wall time of the spec: mask, tracing, loads and compiles
-    error: str | None = None
-    # Time spent compiling its kernels, counted as ``fa4cache stats`` counts it (from a miss
-    # to the kernel's publication); 0 when every kernel was present.
-    compile_seconds: float = 0.0
 
 
 def _fake_like(t: Any) -> Any:
@@ -195,24 +172,3 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
         "error": err,
         "compile_seconds": float(c["compile_seconds"] - before["compile_seconds"]),
     }
-
-
-def warm(specs: list[KernelSpec], cache_dir: str | None = None) -> list[WarmResult]:
-    """Compile ``specs`` into the store in this process; returns one result per spec."""
-    from fa4cache.adapters.fa4.compile_cache import ahead_off as off
-    from fa4cache.adapters.patch import fold_all_hits, install
-
-    if specs:
-        set_cross_compile_env(specs[0].arch)
-    store = install(cache_dir)
-    results = []
-
-    for spec in specs:
-
-        def run(spec: KernelSpec = spec) -> None:
-            with off():  # warm compiles the whole set itself
-                compile_spec(spec)
-
-        results.append(WarmResult(spec, **counted(store, fold_all_hits, spec.label(), run)))
-    store.flush_counters()
-    return results

@@ -1,10 +1,9 @@
-"""``fa4cache warm``'s part for kernels other than FA4's: QuACK's norm and cross-entropy
+"""``fa4cache warm``'s plan for kernels other than FA4's: QuACK's norm and cross-entropy
 (``--hf-config ... --with-quack``) and manifest entries naming ``jit_cache`` functions."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from fa4cache.aot.jit_spec import JitCall, load_jit_manifest
 
@@ -46,34 +45,3 @@ def calls_from_args(args: argparse.Namespace) -> list[JitCall]:
     if any(t <= 0 for t in tokens):
         raise ConfigError(f"--tokens: expected positive ints, got {tokens}")
     return quack_calls(hidden, vocab, dtypes, tokens, backward=args.backward, arch=args.arch or "sm_90")
-
-
-def run(calls: list[JitCall], cache_dir: str, out: dict[str, Any] | None = None) -> int:
-    """Warm ``calls`` in this process, print their table; returns how many failed. ``out``:
-    gets their rows under ``jit`` (``warm --json``)."""
-    import warnings
-
-    from fa4cache.adapters.compile import warm_jit
-
-    with warnings.catch_warnings():  # the libraries' own deprecations, for this call only
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        results: list[Any] = warm_jit(calls, cache_dir)
-    print(f"{'jit kernel':<44}{'compiled':>9}{'present':>9}{'seconds':>9}  status")
-    failed = 0
-    for r in results:
-        status = "ok" if r.error is None else f"FAILED: {r.error[:80]}"
-        failed += r.error is not None
-        print(f"{r.call.label()[:43]:<44}{r.compiles:>9}{r.present:>9}{r.seconds:>9.1f}  {status}")
-    print(f"{len(results)} jit kernels, {sum(r.compiles for r in results)} compiled, {failed} failed")
-    if out is not None:
-        out["jit"] = [
-            {
-                "call": r.call.label(),
-                "compiles": r.compiles,
-                "present": r.present,
-                "seconds": r.seconds,
-                "error": r.error,
-            }
-            for r in results
-        ]
-    return failed

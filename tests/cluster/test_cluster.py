@@ -460,6 +460,29 @@ def test_a_real_fa4_kernel_compiled_on_one_node_loads_on_another(cluster: Any, t
     assert second == {**second, "compiles": 0, "disk_hits": 1, "remote_hits": 1, "load_errors": 0}, second
 
 
+@pytest.mark.compile
+def test_prewarm_split_claims_each_kernel_once_across_the_nodes(cluster: Any, tmp_path: Path) -> None:
+    """prewarm(split=True): the warm runner on every node claims its share through the
+    cluster tier and takes the rest from the others; every node ends with the whole set."""
+    from fa4cache.ray_integration import prewarm
+
+    from fa4cache.aot.spec import KernelSpec
+
+    ray = _connect(cluster, tmp_path)
+    specs = [KernelSpec(mask=m, head_dim=64, backward=False, seqlen=256) for m in ("causal", "document")]
+    report = prewarm(specs, split=True, num_cpus=0)
+    nodes = _nodes(ray)
+    assert set(report) == set(nodes), report
+    for r in report.values():
+        assert r.failed == () and r.compiled + r.present == len(specs), r
+    # Each kernel once in the cluster, each compile a node's claimed share (none left over).
+    assert sum(r.compiled for r in report.values()) == len(specs), report
+    assert sum(r.claimed for r in report.values()) == len(specs), report
+    for node in nodes:
+        entries = list((tmp_path / f"node-{node}").glob(f"{LAYOUT}/*/fwd/*.json"))
+        assert len(entries) == len(specs), (node, entries)
+
+
 def test_registry_killed_mid_run_means_local_compiles_and_no_failure(cluster: Any, tmp_path: Path) -> None:
     from fa4cache.ray_integration.cluster import NAMESPACE, registry_info, registry_name
 

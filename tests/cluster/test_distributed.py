@@ -115,6 +115,55 @@ def test_real_fa4_forward_backward_compiles_once_per_job(tmp_path: Path) -> None
         assert r["served"] == r["compiles"], ranks  # in `fa4cache stats`' served
 
 
+_DOCS_RANK = """
+import json, os, sys
+base, example = sys.argv[1], sys.argv[2]
+rank = os.environ["LOCAL_RANK"]
+os.environ["FA4CACHE_DIR"] = f"{base}/node-{rank}"  # each rank a node with a store of its own
+ns = {"__name__": "__main__"}
+exec(compile(open(example).read(), "docs/distributed.md split example", "exec"), ns)
+rows = [[r.label, r.compiled, r.present, r.error] for r in ns["report"].rows]
+open(f"{base}/result-{rank}.json", "w").write(json.dumps({"rows": rows, "claimed": ns["report"].claimed}))
+"""
+
+
+@pytest.mark.compile
+def test_the_docs_split_example_runs_as_written_with_only_the_arch_set(tmp_path: Path) -> None:
+    """Issue 52 item 2: docs/distributed.md's split example, as written, under torchrun (gloo)
+    on this CPU machine with FLASH_ATTENTION_ARCH=sm_90 alone: every kernel compiled once in
+    the job, the rest fetched, and forward-only specs compile no backward kernel."""
+    from fa4cache.store.paths import Layout
+    from tests.unit.test_docs import python_snippets
+
+    (example,) = [s for s in python_snippets(ROOT / "docs" / "distributed.md") if "split=True" in s]
+    (tmp_path / "example.py").write_text(example)
+    (tmp_path / "rank.py").write_text(_DOCS_RANK)
+    drop = (
+        "FLASH_ATTENTION_ARCH",
+        "CUTE_DSL_ARCH",
+        "FLASH_ATTENTION_NUM_SMS",
+        "FA4CACHE_DIR",
+        "FA4CACHE_COMPILE_AHEAD",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        FLASH_ATTENTION_ARCH="sm_90", FA4CACHE_JOB_SECRET=SECRET, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(tmp_path / "rank.py"), str(tmp_path), str(tmp_path / "example.py")]  # fmt: skip
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
+    kernels = len(ranks[0]["rows"])  # forward-only specs: one kernel each
+    assert sum(c for r in ranks for _, c, _, _ in r["rows"]) == kernels, ranks  # once in the job
+    for r in ranks:
+        assert all(err is None and c + present == 1 for _, c, present, err in r["rows"]), ranks
+        assert sum(c for _, c, _, _ in r["rows"]) == r["claimed"], ranks
+    for node in ("node-0", "node-1"):  # each node holds the set, and nothing nobody asked for
+        kinds = sorted(e.ref.kind for e in Layout(tmp_path / node).iter_entries())
+        assert kinds == ["fwd"] * kernels, (node, kinds)
+
+
 # -- in one process, no job --------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ Ranks are grouped into "nodes" of ``--per-node`` ranks, each node with its own s
 * ``torn``: a helper hosts a store server of its own; a child joins a group on it, the
   helper dies, and the child's misses compile locally, one warning, no hang.
 * ``real``: a real FA4 forward+backward (cross-compiled, FakeTensorMode), once per rank.
-* ``split``: the ranks split ``--keys`` fake kernels (:mod:`fa4cache.adapters.distributed.split`).
+* ``split``: the ranks split ``--keys`` fake kernels (:mod:`fa4cache.adapters.compile.split`).
 * ``attack``: an attacker writes the job's store between the ranks (:func:`attacked`).
 
 ``child`` mode (``python -m tests.helpers.dist_worker child HOST PORT KEY SECONDS``) is the helper.
@@ -284,7 +284,7 @@ def split_fake(store: Any, keys: range, seconds: float) -> dict[str, Any]:
     import dataclasses
 
     import torch.distributed as dist
-    from fa4cache.adapters.distributed.split import compile_across
+    from fa4cache.adapters.compile.split import compile_across
 
     from tests.helpers.fake_compiler import FakeCompiled, FakeFA4
 

@@ -226,9 +226,8 @@ def test_model_load_starts_the_model_kernel_set(
 
 _SERVER_WARM = """
 import json, sys
+import fa4cache
 from fa4cache.adapters.compile import server as compile_server
-from fa4cache.adapters.compile import parallel
-from fa4cache.adapters.compile.warm_specs import set_cross_compile_env
 from fa4cache.aot.spec import KernelSpec
 
 compile_server.can_fork = lambda: False  # what a GPU host answers: this process may not fork
@@ -243,9 +242,9 @@ class Counted(Real):
 
 
 compile_server.CompileServer = Counted
-set_cross_compile_env("sm_90")
 spec = KernelSpec(heads=int(sys.argv[2]), heads_kv=1, backward=True, seqlen=256)
-out = parallel.warm_parallel([spec], int(sys.argv[3]), sys.argv[1])
+report = fa4cache.warm([spec], sys.argv[1], jobs=int(sys.argv[3]))  # the plan names the target
+out = [{"error": r.error, "compiles": r.compiled} for r in report.rows]
 print("RESULT " + json.dumps({"out": out, "servers": started, "fa4_here": "flash_attn.cute" in sys.modules}))
 """
 

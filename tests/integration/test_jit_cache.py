@@ -83,10 +83,11 @@ def quack_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 WARM_QUACK = """
 import json, os
-from fa4cache.adapters.compile.warm_jit_calls import quack_calls, warm_jit
+import fa4cache
+from fa4cache.adapters.compile.warm_jit_calls import quack_calls
 from tests.helpers.jit_worker import HIDDEN, VOCAB, T_HINT
-rs = warm_jit(quack_calls(HIDDEN, VOCAB, ["bf16"], [T_HINT - 5]), os.environ["FA4CACHE_DIR"])
-print(json.dumps([[r.call.label(), r.compiles, r.present, r.error] for r in rs]))
+rs = fa4cache.warm(quack_calls(HIDDEN, VOCAB, ["bf16"], [T_HINT - 5]), os.environ["FA4CACHE_DIR"]).rows
+print(json.dumps([[r.label, r.compiled, r.present, r.error] for r in rs]))
 """
 
 
