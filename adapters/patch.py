@@ -26,7 +26,7 @@ from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, guard, kind_f
 from fa4cache.adapters.fa4.import_hook import PostImportHook
 from fa4cache.adapters.route import Route, _Patch
 
-from fa4cache import fa4_releases
+from fa4cache import fa4_releases, patched_code
 from fa4cache.decode.observe import unobserved
 from fa4cache.errors import FA4NotAvailable
 from fa4cache.fa4_releases import Coupling
@@ -108,6 +108,7 @@ def _prepare(inst: Route, module: types.ModuleType) -> None:
         if fa4_releases.on(Coupling.CROSS_COMPILE):
             cross_compile.answer_hardware_queries()
         inst.toolchain()
+        patched_code.warm_up()
     elif module.__name__ == fa4_autotune.MODULE and fa4_releases.on(Coupling.AUTOTUNE):
         fa4_autotune.apply(inst, module)
 

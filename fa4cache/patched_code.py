@@ -188,6 +188,21 @@ def found_once() -> tuple[str, ...]:
     return found
 
 
+def warm_up() -> None:
+    """Read, in a background thread, where the functions of the modules imported so far come
+    from (the realpath of each file: most of a first check's cost), so that the check at the
+    first kernel's key, on a step's critical path, finds them known. Called when FA4's
+    interface is imported; the verdict itself is still taken at the first key."""
+
+    def run() -> None:
+        try:
+            runtime_patches()
+        except Exception as e:  # only a warm-up: the check at the first key says what it finds
+            log.debug("fa4cache: patch check warm-up: %s", e)
+
+    threading.Thread(target=run, name="fa4cache-patch-check", daemon=True).start()
+
+
 def forget() -> None:
     """Check again at the next key (a test that undid its patches)."""
     global _found

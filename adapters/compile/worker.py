@@ -35,6 +35,8 @@ from typing import Any
 
 from fa4cache.adapters.compile.task import PARENT_ENV, CompileTask, read_task
 
+from fa4cache import patched_code
+
 
 def die_with_parent(*, watch: bool = True) -> None:
     """Die with the process named by ``FA4CACHE_WORKER_PARENT``. ``watch=False``: no
@@ -242,7 +244,13 @@ def serve() -> None:
             os._exit(0)  # the parent is gone (another OS, or a signal not armed)
         for key, _ in sel.select(timeout=0.5):
             if key.fd == 0:
+                known = len(sys.modules)
                 task = read_task()
+                if len(sys.modules) != known:
+                    # Unpickling the task imported code (a mask's module) that may patch FA4:
+                    # the children's check must see it.
+                    patched_code.forget()
+                    patched_code.found_once()
                 if task is None:
                     sel.unregister(0)
                     open_stdin = False
@@ -293,6 +301,9 @@ def main() -> int:
     from fa4cache.adapters.patch import install
 
     install()
+    # The run-time patch check (fa4cache.patched_code), once here: the forked children inherit
+    # it instead of each paying for it before its kernel's key.
+    patched_code.found_once()
     _say("READY")
     serve()
     # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the
