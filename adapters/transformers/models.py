@@ -6,8 +6,9 @@ results (Bloom 0.016 off, MPT 0.3 off at batch 1), shape errors, or a bare ``Key
 A model that picks its attention layers from a table of its own by implementation name
 (GIT, SAM: ``{"eager": ..., "sdpa": ...}``) has no layer for ``"fa4cache"`` (a bare
 ``KeyError`` while it is built). Which models those are is read from the installed
-transformers' code, never from a list of names here: a release that moves a model to the
-interface (5.25's Falcon) needs no edit."""
+transformers' code, not from a list of names: a release that moves a model to the interface
+(5.25's Falcon) needs no edit. The one list here, :data:`READS_THE_MASK_ITSELF`, names the few
+models that call the interface and also read the mask in layer code of their own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,21 @@ from typing import Any
 
 from .common import NAMES, patch_once
 from .mask_functions import mark_block_family, mark_layer_causality
+
+# Models whose own layer code reads the attention mask as transformers' 4-D one besides
+# calling the interface (BigBird-Pegasus's encoder adds it to its scores, Doge's dynamic mask
+# indexes it, T5Gemma 2 concatenates it): the hook's 2-D padding mask is a shape error there.
+# Found by the model sweep (tests/helpers/model_sweep.py), which is what keeps this short list
+# honest: a family that crashes or differs there is refused here or fixed.
+READS_THE_MASK_ITSELF = ("BigBirdPegasus", "Doge", "T5Gemma2")
+
+
+def _reads_the_mask_itself(cls: type) -> str | None:
+    return next(
+        (p for c in cls.__mro__ for p in READS_THE_MASK_ITSELF if c.__name__.startswith(p)
+         and c.__module__.startswith("transformers.models.")),
+        None,
+    )  # fmt: skip
 
 
 def _uses_the_interface(cls: type) -> bool:
@@ -42,6 +58,14 @@ def refuse_models_outside_the_interface() -> None:
                     f"fa4cache attention: {type(self).__name__} has attention code of its own and does not "
                     f"call transformers' attention interface, so attn_implementation={chosen!r} would never "
                     "run fa4cache (and its mask would be read wrong); load it with attn_implementation='eager'"
+                    + (" or 'sdpa'" if getattr(self, "_supports_sdpa", False) else "")
+                )
+            reader = _reads_the_mask_itself(type(self)) if chosen in NAMES else None
+            if reader is not None:
+                raise ValueError(
+                    f"fa4cache attention: {type(self).__name__}'s own layer code reads the attention mask as "
+                    f"transformers' 4-D mask ({reader} models do), which attn_implementation={chosen!r} does "
+                    "not build; load it with attn_implementation='eager'"
                     + (" or 'sdpa'" if getattr(self, "_supports_sdpa", False) else "")
                 )
             table = _own_attention_table(type(self)) if chosen in NAMES else None
