@@ -8,23 +8,20 @@ CPU (2 cores here; no GPU):
   ``-j 1``, fresh store per run, runs alternating; whole commands timed (interpreter start
   and imports included). Writes results/cold_start_cpu.{md,json}.
 
-GPU (the H200 host, 16 cores; under ~4 minutes):
+GPU (the H200 host, 16 cores; issue 53):
 
-    python benchmarks/bench_cold_start.py --gpu [--parts imports,warm,step,procs,model]
+    python benchmarks/bench_cold_start.py --gpu [--parts step,procs,model,contention,imports]
 
-  * the phases: seconds to import torch and FA4 in a fresh process, and each kernel's
-    compile seconds (from the store's records of the -j 1 warm);
-
-  * warm --hf-config Qwen3-8B and Gemma 2 9B shapes: ``-j`` default vs ``-j 1``;
-  * cold first step of a document-mask forward+backward (T=8192, 16 heads, d=128, bf16,
-    fa4cache.attention), imports excluded, each in a fresh process and store: FA4's own
-    cache (no install), fa4cache without compile-ahead (today), fa4cache with it;
-  * 4 and 8 cold processes on one node (LOCAL_WORLD_SIZE set as torchrun would): wall of
-    the first step (from a common start to the last process done), compile-ahead off vs
-    on, and compiles vs distinct kernels in the store;
-  * cold first training step of bench_transformers' Qwen3-style model at 16K tokens,
-    compile-ahead off (today) vs on (the model's kernel set starts compiling at load).
-  Each cold step also gets a timeline: when each kernel compiled, from the store's records.
+  * step: one cold process's first step (T=6144, GQA 12/4, d=64, document mask, fwd+bwd through
+    fa4cache.attention), FA4's own disk cache against fa4cache, alternating, median of
+    ``--rounds``; the breakdown of the median step from every process's phases
+    (benchmarks/phases/: imports, the compile server's import, lookups, trace, codegen,
+    publish, waiting) and a timeline of each kernel; then a warm process on each store;
+  * procs: ``--procs`` (8) cold processes on one host, FA4's own against fa4cache, alternating;
+  * model: bench_transformers' packed Qwen3-shaped model (16 layers, d 128, 16K tokens), first
+    training step on a fresh store against its slowest kernel's compile (warm -j 1, same run);
+  * contention: K = 1, 2, 4 processes each compiling alone on its own store (the host's share);
+  * imports: seconds to import torch and FA4 in a fresh process.
   Writes $OUT/cold_start_h200.{md,json} (OUT defaults to benchmarks/results).
 """
 
