@@ -21,7 +21,9 @@ import warnings
 warnings.filterwarnings("ignore")
 t_start = time.perf_counter()
 mode, path, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
-H, HKV, D = (int(os.environ.get(v, d)) for v, d in (("COLD_HEADS", 16), ("COLD_KV_HEADS", 16), ("COLD_D", 128)))
+H, HKV, D = (
+    int(os.environ.get(v, d)) for v, d in (("COLD_HEADS", 16), ("COLD_KV_HEADS", 16), ("COLD_D", 128))
+)
 if mode == "fa4cache":
     import fa4cache
 

@@ -206,7 +206,15 @@ PHASES_DIR = HERE / "phases"  # sitecustomize.py: every process's trace / codege
 
 
 def step_procs(
-    tmp: Path, n: int, mode: str, path: str, T: int, ahead: bool, tag: str, *, reuse: bool = False,
+    tmp: Path,
+    n: int,
+    mode: str,
+    path: str,
+    T: int,
+    ahead: bool,
+    tag: str,
+    *,
+    reuse: bool = False,
     apart: bool = False,
 ) -> tuple[list[dict[str, Any]], float, dict[str, Any] | None, list[dict[str, Any]]]:
     """``n`` cold processes on one store (fresh unless ``reuse``: the store ``tag`` left by an
@@ -311,7 +319,9 @@ def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> 
         codegen, compile_s - trace - codegen, publish, waiting, n_own, len(traces) - n_own,
         elsewhere_end or "-",
     ]  # fmt: skip
-    timeline = table(["compiled in", "kernel (DSL function)", "trace start s", "trace s", "codegen s", "done s"], rows)
+    timeline = table(
+        ["compiled in", "kernel (DSL function)", "trace start s", "trace s", "codegen s", "done s"], rows
+    )
     return row, timeline
 
 
@@ -319,7 +329,9 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["result"]["first_s"])[len(runs) // 2]
 
 
-def step_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]) -> None:
+def step_part(
+    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+) -> None:
     """One cold process, alternating FA4's own cache and fa4cache, median of ``--rounds``; then a
     warm process on each one's store (FA4's own disk cache, fa4cache's store)."""
     cases = [("FA4's own cache (no install)", "fa4own", False), ("fa4cache", "fa4cache", True)]
@@ -328,8 +340,12 @@ def step_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str
     runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in cases}
     for r in range(args.rounds):
         for label, mode, ahead in cases if r % 2 == 0 else cases[::-1]:
-            res, _, st, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}-{r}")
-            runs[label].append({"result": res[0], "stats": st, "phases": ph, "tag": f"step-{mode}-{ahead}-{r}"})
+            res, _, st, ph = step_procs(
+                tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}-{r}"
+            )
+            runs[label].append(
+                {"result": res[0], "stats": st, "phases": ph, "tag": f"step-{mode}-{ahead}-{r}"}
+            )
             print(f"round {r} cold step {label}: {res[0]['first_s']:.2f} s", flush=True)
     own = statistics.median(x["result"]["first_s"] for x in runs[cases[0][0]])
     rows, brk, timelines = [], [], []
@@ -360,22 +376,41 @@ def step_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str
             res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True)
             wruns[label].append(res[0]["first_s"])
             servers[label] += sum(1 for p in ph if p["phase"] == "server_spawn")
-            print(f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}", flush=True)
+            print(
+                f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}",
+                flush=True,
+            )
     wown = statistics.median(wruns[cases[0][0]])
     sections.append(
         (
             "A warm process, first step (the store the cold runs left; alternating)",
             table(
-                ["", "median first step s", "rounds s", "vs FA4's own (target <= 1)", "compile servers started"],
-                [[lb, statistics.median(v), " ".join(f"{x:.3f}" for x in v), statistics.median(v) / wown, servers[lb]]
-                 for lb, v in wruns.items()],
+                [
+                    "",
+                    "median first step s",
+                    "rounds s",
+                    "vs FA4's own (target <= 1)",
+                    "compile servers started",
+                ],
+                [
+                    [
+                        lb,
+                        statistics.median(v),
+                        " ".join(f"{x:.3f}" for x in v),
+                        statistics.median(v) / wown,
+                        servers[lb],
+                    ]
+                    for lb, v in wruns.items()
+                ],
             ),  # fmt: skip
         )
     )
     data["warm step"] = {"runs": wruns, "servers": servers}
 
 
-def procs_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]) -> None:
+def procs_part(
+    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+) -> None:
     """``--procs`` cold processes on one host (LOCAL_WORLD_SIZE set as torchrun would), FA4's
     own cache against fa4cache, alternating, median of ``--rounds``."""
     n = args.procs
@@ -387,7 +422,10 @@ def procs_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, st
             out[label]["median"].append(statistics.median(x["first_s"] for x in res))
             out[label]["wall"].append(wall)
             out[label]["compiles"].append(st["compiles"] if st else sum(x["compiles"] for x in res))
-            print(f"round {r} {n} procs {label}: median {out[label]['median'][-1]:.2f} s wall {wall:.2f} s", flush=True)
+            print(
+                f"round {r} {n} procs {label}: median {out[label]['median'][-1]:.2f} s wall {wall:.2f} s",
+                flush=True,
+            )
     own = {k: statistics.median(out[cases[0][0]][k]) for k in ("median", "wall")}
     rows = []
     for label, _ in cases:
@@ -401,8 +439,14 @@ def procs_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, st
         (
             f"{n} cold processes on one host, first step (T={args.seqlen}; {args.rounds} rounds, alternating)",
             table(
-                ["", "median first step s", "vs FA4's own (target <= 0.4)", "wall s", "vs FA4's own (target <= 0.6)",
-                 "compiles per round"],
+                [
+                    "",
+                    "median first step s",
+                    "vs FA4's own (target <= 0.4)",
+                    "wall s",
+                    "vs FA4's own (target <= 0.6)",
+                    "compiles per round",
+                ],
                 rows,
             ),  # fmt: skip
         )
@@ -410,9 +454,15 @@ def procs_part(tmp: Path, args: argparse.Namespace, sections: list[tuple[str, st
 
 
 QWEN3_SMALL = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_size": 1024,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "torch_dtype": "bfloat16",
-    "use_sliding_window": False, "sliding_window": None,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "sliding_window": None,
 }  # fmt: skip  (bench_transformers' model, as warm --hf-config reads it)
 
 
@@ -441,7 +491,16 @@ def model_part(
     first = statistics.median(x["first_s"] for x in res)
     for x in res:
         c = x["counters"]
-        rows.append(["cold first step", x["first_s"], x["head_start_s"], c["compiles"], c.get("ahead_compiles", 0), x["second_s"]])
+        rows.append(
+            [
+                "cold first step",
+                x["first_s"],
+                x["head_start_s"],
+                c["compiles"],
+                c.get("ahead_compiles", 0),
+                x["second_s"],
+            ]
+        )
     rows.append(["slowest kernel's compile (warm -j 1)", slowest, "", wr["kernels"], "", ""])
     rows.append(["median first step / slowest kernel", first / slowest, "target <= 1.3", "", "", ""])
     data["model step"] = {"runs": res, "slowest_kernel_s": slowest, "warm": wr}
@@ -449,8 +508,19 @@ def model_part(
         (
             f"A cold packed Qwen3-shaped model (bench_transformers: {args.model_layers} layers, d 128, "
             f"{args.model_tokens} tokens), first training step on a fresh store",
-            table(["", "s", "model built to first step s", "compiles in process", "compiled ahead", "second step s"], rows)
-            + "\n\nEach kernel of the set, warm -j 1:\n\n" + kernels[0],
+            table(
+                [
+                    "",
+                    "s",
+                    "model built to first step s",
+                    "compiles in process",
+                    "compiled ahead",
+                    "second step s",
+                ],
+                rows,
+            )
+            + "\n\nEach kernel of the set, warm -j 1:\n\n"
+            + kernels[0],
         )
     )
 
@@ -463,7 +533,9 @@ def contention_part(
     trace and codegen against K = 1."""
     rows = []
     for k in (1, 2, 4):
-        res, _, _, ph = step_procs(tmp, k, "fa4cache", "varlen", args.seqlen, False, f"contend-{k}", apart=True)
+        res, _, _, ph = step_procs(
+            tmp, k, "fa4cache", "varlen", args.seqlen, False, f"contend-{k}", apart=True
+        )
         for r in res[:1]:
             mine = [p for p in ph if p["pid"] == r["pid"]]
             tr = next(p for p in mine if p["phase"] == "trace")
@@ -474,7 +546,9 @@ def contention_part(
     sections.append(
         (
             "The host alone: K processes compile the same step at once, each on its own store",
-            table(["K", "first step s (one of them)", "its forward's trace s", "its forward's codegen s"], rows),
+            table(
+                ["K", "first step s (one of them)", "its forward's trace s", "its forward's codegen s"], rows
+            ),
         )
     )
 

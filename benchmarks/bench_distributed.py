@@ -31,7 +31,7 @@ from common import RESULTS, environment  # noqa: E402
 NOTE = (
     "A node's CPU seconds include what is not split: listing the whole set (FA4 called on fake tensors, e"
     "very node) and fetching the others' kernels. The shares are claimed, not assigned: kernels differ in"
-    ' cost and ranks start at different moments, so the slowest node may compile ceil(K/N)+1.'
+    " cost and ranks start at different moments, so the slowest node may compile ceil(K/N)+1."
 )
 
 
@@ -102,8 +102,11 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     (RESULTS / "distributed_cpu.md").write_text(text)
-    (RESULTS / "distributed_cpu.json").write_text(json.dumps({"one": one, "many": many, "ratio_cpu": ratio_cpu,
-                                                              "ratio_wall": ratio_wall, "env": env}, indent=1))
+    (RESULTS / "distributed_cpu.json").write_text(
+        json.dumps(
+            {"one": one, "many": many, "ratio_cpu": ratio_cpu, "ratio_wall": ratio_wall, "env": env}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,10 @@ def _kernels(counts: Any) -> int:
 def _custom_impls() -> dict[str, Any]:
     from fa4cache.decode import kv_cache, paged
 
-    return {"fa4cache.kv_cache_attention": kv_cache.forward, "fa4cache.varlen_kv_attention": paged.varlen_forward}
+    return {
+        "fa4cache.kv_cache_attention": kv_cache.forward,
+        "fa4cache.varlen_kv_attention": paged.varlen_forward,
+    }
 
 
 class _Count:
@@ -218,7 +221,9 @@ def fa4_interface_us(batch: int, heads_kv: int, group: int, head_dim: int, keys:
         fwd.compile_cache = cache
 
 
-def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, repeats: int = 9) -> float | None:
+def replayed_call_us(
+    batch: int, head_dim: int, keys: int, calls: int = 3000, repeats: int = 9
+) -> float | None:
     """µs of host time of the adapter's whole decode call (transformers' attention function for
     "fa4cache", one layer, not the first of its kind) with FA4's launch replayed from its
     plan and the planned kernel a no-op: the minimum over ``repeats`` loops of ``calls``
@@ -245,7 +250,9 @@ def replayed_call_us(batch: int, head_dim: int, keys: int, calls: int = 3000, re
         def __getitem__(self, k: Any) -> Any:
             return self.cache[k]
 
-    def fa4(q: Any, k: Any, v: Any, out: Any = None, cu_seqlens_k: Any = None, seqused_k: Any = None, **kw: Any) -> Any:
+    def fa4(
+        q: Any, k: Any, v: Any, out: Any = None, cu_seqlens_k: Any = None, seqused_k: Any = None, **kw: Any
+    ) -> Any:
         # FA4 as the plan observes it: one kernel call with the call's own tensors
         fi._flash_attn_fwd.compile_cache[key](q, k, v, out, cu_seqlens_k, seqused_k, kw["softmax_scale"])
         return out
@@ -324,10 +331,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             (
                 "Per decode step",
                 table(
-                    ["attn_implementation", "aten ops / layer (attention)", "of which kernels",
-                     "host syncs / step", "µs / layer (attention, host)", "aten ops / step (model)",
-                     "of which kernels", "ms / step (model, CPU)",
-                     "attention ops per layer"],
+                    [
+                        "attn_implementation",
+                        "aten ops / layer (attention)",
+                        "of which kernels",
+                        "host syncs / step",
+                        "µs / layer (attention, host)",
+                        "aten ops / step (model)",
+                        "of which kernels",
+                        "ms / step (model, CPU)",
+                        "attention ops per layer",
+                    ],
                     rows,
                 ),  # fmt: skip
             ),

@@ -79,7 +79,10 @@ def serve(bundle: Path, config_dir: Path) -> dict[str, Any]:
         try:
             fn()
             torch.cuda.synchronize()
-            phases[name] = {"compiles": _compiles(store) - before, "seconds": round(time.perf_counter() - t0, 2)}
+            phases[name] = {
+                "compiles": _compiles(store) - before,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
         except Exception as e:  # a compile under FA4CACHE_EXPECT_WARM=error, or anything else
             phases[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         print(name, phases[name], flush=True)
@@ -93,12 +96,15 @@ def serve(bundle: Path, config_dir: Path) -> dict[str, Any]:
             model.eval().generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)
 
     def generate_batch() -> None:
-        paged = AutoModelForCausalLM.from_config(
-            cfg, attn_implementation="paged|fa4cache", dtype=torch.bfloat16
-        ).cuda().eval()
+        paged = (
+            AutoModelForCausalLM.from_config(cfg, attn_implementation="paged|fa4cache", dtype=torch.bfloat16)
+            .cuda()
+            .eval()
+        )
         gen = GenerationConfig(max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=-1)
-        paged.generate_batch(inputs=[list(range(5, 5 + n)) for n in (7, 30, 12)], generation_config=gen,
-                             progress_bar=False)
+        paged.generate_batch(
+            inputs=[list(range(5, 5 + n)) for n in (7, 30, 12)], generation_config=gen, progress_bar=False
+        )
 
     def train_step() -> None:
         model.train()

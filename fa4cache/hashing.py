@@ -58,7 +58,9 @@ def _encode(value: Any, path: str) -> Any:
         cls = type(value)
         return {
             "dc": _qualified(cls, path),
-            "v": {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)},
+            "v": {
+                f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)
+            },
         }
     tname = type(value).__name__
     tmod = type(value).__module__

@@ -83,7 +83,9 @@ def parse_fraction(text: str, *, setting: str) -> float:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a fraction between 0 and 1 (e.g. 0.01), got {text!r}") from None
+        raise ConfigError(
+            f"{setting}: expected a fraction between 0 and 1 (e.g. 0.01), got {text!r}"
+        ) from None
     if not 0.0 <= v <= 1.0:
         raise ConfigError(f"{setting}: expected a fraction between 0 and 1 (e.g. 0.01), got {text!r}")
     return v

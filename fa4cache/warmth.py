@@ -102,4 +102,3 @@ def note_compile(kind: str, encoded: str, names: Sequence[str] | None) -> None:
             streak + 1,
             _field(field, names),
         )
-

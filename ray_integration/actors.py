@@ -22,17 +22,22 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 JOB_WATCH_SECONDS = 5.0  # how often a registry or server checks that its job still runs
 
+
 def _now() -> float:
     return time.time()
+
 
 def registry_name(job_id: str) -> str:
     return f"{REGISTRY}:{job_id}"
 
+
 def server_prefix(job_id: str) -> str:
     return f"{SERVER_PREFIX}{job_id}:"
 
+
 def server_name(node_id: str, root: os.PathLike[str] | str, job_id: str) -> str:
     return f"{server_prefix(job_id)}{node_id}:{hashlib.sha256(os.fspath(root).encode()).hexdigest()[:12]}"
+
 
 def actor_job(handle: Any) -> str | None:
     """The job that created the actor behind ``handle`` (Ray's actor ids embed it)."""
@@ -41,6 +46,7 @@ def actor_job(handle: Any) -> str | None:
     except Exception:
         return None
 
+
 def _job_over(job_id: str) -> bool:
     try:
         from ray._private.state import state
@@ -48,6 +54,7 @@ def _job_over(job_id: str) -> bool:
         return any(j.get("JobID") == job_id and j.get("IsDead") for j in state.job_table())
     except Exception:  # cannot tell: keep serving (the cluster going away ends us anyway)
         return False
+
 
 def end_with_job(every: float = JOB_WATCH_SECONDS) -> None:
     """Kill this (detached) actor, without restart, once the job that made it is over,

@@ -10,6 +10,7 @@ from fa4cache.ray_integration.actors import NAMESPACE, REGISTRY, SERVER_PREFIX, 
 
 log = logging.getLogger(__name__)
 
+
 def shutdown() -> int:
     """Kill every job's registry and node servers now (they also end with their job);
     returns how many actors were killed. Needs a connected Ray."""
@@ -26,6 +27,7 @@ def shutdown() -> int:
             except Exception:
                 pass
     return n
+
 
 def registry_info(timeout: float = 10.0) -> dict[str, Any] | None:
     """This job's registry's counts (digests, copies, leases granted, handovers, refused

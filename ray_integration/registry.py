@@ -14,6 +14,7 @@ from fa4cache.ray_integration.actors import _now, end_with_job, server_prefix
 
 log = logging.getLogger(__name__)
 
+
 class Registry:
     """Who holds which digest, who compiles which: the cluster's soft state (an async actor)."""
 

@@ -177,13 +177,17 @@ def main() -> int:
     big = r["largest"]
     assert isinstance(big, dict)
     print(f"modules                {r['modules']} ({r['adapters_modules']} in adapters)")
-    print(f"floors in adapters     {r['adapters_floors']}: " + " -> ".join(
-        m.removeprefix("fa4cache.adapters.") for m in r["adapters_longest_chain"]))  # type: ignore[union-attr]
+    print(
+        f"floors in adapters     {r['adapters_floors']}: "
+        + " -> ".join(m.removeprefix("fa4cache.adapters.") for m in r["adapters_longest_chain"])
+    )  # type: ignore[union-attr]
     for kind in ("module", "class", "function"):
         print(f"largest {kind:<14} {big[kind][0]} ({big[kind][1]} lines)")
     print(f"import circles         {len(r['import_circles'])}")  # type: ignore[arg-type]
-    print(f"CLI -> adapters        {len(r['cli_imports_of_adapters_direct'])} direct, "  # type: ignore[arg-type]
-          f"{r['cli_reach_into_adapters']} reached")
+    print(
+        f"CLI -> adapters        {len(r['cli_imports_of_adapters_direct'])} direct, "  # type: ignore[arg-type]
+        f"{r['cli_reach_into_adapters']} reached"
+    )
     return 0
 
 

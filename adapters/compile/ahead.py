@@ -188,10 +188,7 @@ def _missing(kernels: list[Kernel]) -> list[Kernel]:
     with _lock:
         launched = set(_launched)
     return [
-        k
-        for k in kernels
-        if k.digest not in launched
-        and not store.has(EntryRef(tc.id, k.kind, k.digest))
+        k for k in kernels if k.digest not in launched and not store.has(EntryRef(tc.id, k.kind, k.digest))
     ]
 
 
@@ -378,7 +375,10 @@ def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
     if set_is_stored(specs):
         # Nothing to compile ahead: no server (a process with torch and FA4 imported) beside
         # this one; a miss, if one comes, starts it then.
-        log.info("fa4cache: the kernel set of %s is stored; no compile server started", "; ".join(s.label() for s in specs))
+        log.info(
+            "fa4cache: the kernel set of %s is stored; no compile server started",
+            "; ".join(s.label() for s in specs),
+        )
         return []
     server = _get_server()
     if server is None:

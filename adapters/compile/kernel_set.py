@@ -103,7 +103,9 @@ class CodeRef:
         mod = importlib.import_module(self.module)
         if self.template is not None:
             name, spec = self.template
-            found = next((o for o in vars(mod).values() if isinstance(o, MaskTemplate) and o.name == name), None)
+            found = next(
+                (o for o in vars(mod).values() if isinstance(o, MaskTemplate) and o.name == name), None
+            )
             if found is None:
                 raise LookupError(f"no mask template {name!r} in {self.module}")
             obj = found(**dict(spec))

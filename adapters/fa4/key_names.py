@@ -31,6 +31,7 @@ def kind_for(entry_point: str) -> str:
     name = entry_point.strip("_").lower()
     return name.removeprefix("flash_attn_") or name
 
+
 _MODULES = ("flash_attn.cute.interface", "flash_attn.cute.compute_block_sparsity")
 
 

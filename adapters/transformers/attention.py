@@ -68,7 +68,6 @@ def attention_forward(
         raise
 
 
-
 def _decode_step(
     module: Any,
     query: Any,
@@ -114,7 +113,17 @@ def _attention_forward(
     **kwargs: Any,
 ) -> tuple[Any, None]:
     out = _decode_step(
-        module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap, is_causal, kwargs
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout,
+        scaling,
+        sliding_window,
+        softcap,
+        is_causal,
+        kwargs,
     )
     if out is not None:
         return out, None
@@ -138,7 +147,9 @@ def _attention_forward(
         _refuse_batching(extra)
     if all(kwargs.get(n) is not None for n in ("block_table", "k_cache", "v_cache")):
         # transformers 5.2x's paged decode: the kernel call writes the new keys.
-        out = generation.block_table_attention(query, key, value, kwargs, causal, sliding_window, scaling, softcap)
+        out = generation.block_table_attention(
+            query, key, value, kwargs, causal, sliding_window, scaling, softcap
+        )
         return out, None
     cu = first_kwarg(kwargs, "cu_seq_lens_q", "cu_seqlens_q")
     if cu is not None:
@@ -165,7 +176,12 @@ def _attention_forward(
         _refuse_batching(extra)
     # Continuous batching: the step's new tokens against each sequence's whole keys.
     cb = cu is not None and cu_k is not None and cu_k is not cu
-    if cb and (paged is not None or query.shape[2] != key.shape[2]) and attention_mask is None and not dropout:
+    if (
+        cb
+        and (paged is not None or query.shape[2] != key.shape[2])
+        and attention_mask is None
+        and not dropout
+    ):
         out = generation.varlen_kv_attention(
             query, key, value, cu, cu_k, kwargs, causal, sliding_window, scaling, softcap
         )
@@ -183,7 +199,10 @@ def _attention_forward(
                 compiled, plain=False,
             ), None  # fmt: skip
     elif _own_terms_without_causality(
-        attention_mask, is_causal if is_causal is not None else getattr(module, "is_causal", None), q.shape[1], k.shape[1]
+        attention_mask,
+        is_causal if is_causal is not None else getattr(module, "is_causal", None),
+        q.shape[1],
+        k.shape[1],
     ):
         raise ValueError(
             f"fa4cache attention: {type(module).__name__} adds terms of its own to the attention mask (one "
@@ -270,7 +289,9 @@ def _cross_attention(module: Any) -> bool:
     if "CrossAttention" in type(module).__name__:
         return True
     config = getattr(module, "config", None)
-    return getattr(config, "is_decoder", False) is True or getattr(config, "add_cross_attention", False) is True
+    return (
+        getattr(config, "is_decoder", False) is True or getattr(config, "add_cross_attention", False) is True
+    )
 
 
 _row_offsets: dict[tuple[int, int, Any, bool], Any] = {}

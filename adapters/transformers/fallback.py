@@ -59,7 +59,9 @@ def fallback(
         # One per head (gpt-oss's s_aux, [Hq]) or one per head and query ([B, Hq, Tq, 1]).
         sink = sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks
         sink = sink.to(scores.dtype).expand(B, scores.shape[1], Tq, 1)
-        probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+        probs = torch.softmax(torch.cat([scores, sink], -1), dim=-1, dtype=torch.float32)[..., :-1].to(
+            q.dtype
+        )
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if dropout:

@@ -15,7 +15,9 @@ from fa4cache.decode.choose import OP, choose
 from .common import NAMES, compiling, first_kwarg, host_int, patch_once, per_layer_type
 
 
-def _window_and_scale(query: Any, sliding_window: int | None, scaling: float | None) -> tuple[int | None, float]:
+def _window_and_scale(
+    query: Any, sliding_window: int | None, scaling: float | None
+) -> tuple[int | None, float]:
     """transformers' ``sliding_window`` (keys a query sees, itself included) as FA4's
     ``window_size_left`` (keys before it), and the softmax scale (1/sqrt(d) by default)."""
     window = sliding_window - 1 if sliding_window is not None else None
@@ -217,7 +219,10 @@ def graphs_by_default() -> None:
         return
     decide_graphs = getattr(initialization, "decide_use_cuda_graphs", None)
     decide_async = getattr(initialization, "decide_use_async_batching", None)
-    if not hasattr(continuous_api, "resolve_continuous_batching_config") or None in (decide_graphs, decide_async):
+    if not hasattr(continuous_api, "resolve_continuous_batching_config") or None in (
+        decide_graphs,
+        decide_async,
+    ):
         return  # an older transformers: 5.17 decides no such defaults
 
     def resolve(fn: Any) -> Any:

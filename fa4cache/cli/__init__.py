@@ -72,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fa4cache", description="FlashAttention-4 kernel cache")
     p.register("action", "parsers", _SubParsers)
     p.add_argument(
-        "--version", action=_Version, nargs=0, help="show the version (the build's, in a checkout) and the FA4 release, and exit"
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="show the version (the build's, in a checkout) and the FA4 release, and exit",
     )
     p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)

@@ -117,7 +117,9 @@ def _field(path: str, names: Sequence[str] | None) -> str:
     return path or "key"
 
 
-def _fmt(fields: list[tuple[str, Any, Any]], where: str = "the store", names: Sequence[str] | None = None) -> str:
+def _fmt(
+    fields: list[tuple[str, Any, Any]], where: str = "the store", names: Sequence[str] | None = None
+) -> str:
     shown = "; ".join(f"{_field(p, names)}: {a!r} here, {b!r} in {where}" for p, a, b in fields[:MAX_FIELDS])
     return shown + (f" and {len(fields) - MAX_FIELDS} more" if len(fields) > MAX_FIELDS else "")
 
@@ -145,8 +147,13 @@ def explain(store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None
     _, where, root, trusted, tc, fields = best
     hint = _hint(fields, names)
     if tc != ref.toolchain:
-        tdiff = diff(toolchain_description(store.root, ref.toolchain, only_me()), toolchain_description(root, tc, trusted))
-        tdesc = _fmt([d for d in tdiff if d[0] not in ("id",)], where) or "their descriptions are not recorded"
+        tdiff = diff(
+            toolchain_description(store.root, ref.toolchain, only_me()),
+            toolchain_description(root, tc, trusted),
+        )
+        tdesc = (
+            _fmt([d for d in tdiff if d[0] not in ("id",)], where) or "their descriptions are not recorded"
+        )
         head = f"another toolchain ({tdesc})"
         if not fields:
             return f"{ref.kind} miss: the same key is stored in {where} for {head}"

@@ -43,7 +43,12 @@ def test_the_single_query_view_is_the_general_form() -> None:
     rng = random.Random(SEED)
     viewed = 0
     for case in range(3000):
-        B, Hkv, g, D = rng.choice([1, 2, 3]), rng.choice([1, 2, 4]), rng.choice([1, 2, 3, 4]), rng.choice([1, 4, 8])
+        B, Hkv, g, D = (
+            rng.choice([1, 2, 3]),
+            rng.choice([1, 2, 4]),
+            rng.choice([1, 2, 3, 4]),
+            rng.choice([1, 4, 8]),
+        )
         Tq = 1 if rng.random() < 0.8 else rng.choice([2, 3])
         q = _layout(rng, [B, Hkv * g, Tq, D])
         got, want = kv_cache._query_view(q, B, Hkv, g, Tq, D), _chain(q, B, Hkv, g, Tq, D)
@@ -125,7 +130,9 @@ def test_first_of_its_kind_keeps_nothing_while_torch_compile_traces(monkeypatch:
     assert not generation._first  # a guard on the memo would recompile the model when it changes
 
 
-def test_a_decode_step_traced_as_a_frame_of_its_own_goes_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decode_step_traced_as_a_frame_of_its_own_goes_through_the_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # After a graph break dynamo may run the adapter's entry eagerly and trace _decode_step as
     # a frame of its own: it must ask whether it is traced itself (the op, opaque to the
     # tracer), not take the eager caller's answer (FA4's Python and the module memo, traced).

@@ -118,7 +118,9 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
     monkeypatch.setattr(launch, "_fa4_forward", whole)
     monkeypatch.setattr(lanes._Lane, "launch", lane_launch)
     tensor = torch.Tensor
-    monkeypatch.setattr(launch, "_plain", lambda ts: all(type(t) is tensor and not t.requires_grad for t in ts))
+    monkeypatch.setattr(
+        launch, "_plain", lambda ts: all(type(t) is tensor and not t.requires_grad for t in ts)
+    )
     monkeypatch.setattr(lp, "_verified", [True])
     lp.clear()
     lanes._lanes.clear()
@@ -142,7 +144,9 @@ def _cache(usual: bool, B: int, Hkv: int, Tk: int, D: int, dtype: Any) -> Any:
     return torch.randn(B, Hkv, Tk + 3, D, dtype=dtype)[:, :, :Tk]
 
 
-def test_decode_steps_through_lanes_match_a_dense_reference(counts: Counts, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_steps_through_lanes_match_a_dense_reference(
+    counts: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     print(f"FA4CACHE_FUZZ_SEED={SEED}")
     rng = random.Random(SEED)
     events: dict[str, int] = {}
@@ -190,7 +194,9 @@ def test_decode_steps_through_lanes_match_a_dense_reference(counts: Counts, monk
                 check = window not in seen_kinds
                 seen_kinds.add(window)
                 given = mask if use_mask else None
-                out = kv_cache.forward(query, key, value, given, pos, True, window, scale, 0.0, check, share=True)
+                out = kv_cache.forward(
+                    query, key, value, given, pos, True, window, scale, 0.0, check, share=True
+                )
                 want = fa4_varlen_model.kv_cache_reference(query, key, value, given, pos, True, window, scale)
                 where = f"seed {SEED} trial {trial} step {step} layer {layer} ({event})"
                 torch.testing.assert_close(
@@ -227,15 +233,21 @@ def _with_lane(counts: Counts) -> tuple[Any, Any, Any, Any]:
     return query, key, value, mask
 
 
-def test_fa4_state_changed_between_layers_is_planned_by_fa4(counts: Counts, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fa4_state_changed_between_layers_is_planned_by_fa4(
+    counts: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     query, key, value, mask = _with_lane(counts)
     lane, whole = counts.lane, counts.whole
-    monkeypatch.setattr(fi.utils, "_fa_disable_s_ping_pong_enabled", not fi.utils._fa_disable_s_ping_pong_enabled)
+    monkeypatch.setattr(
+        fi.utils, "_fa_disable_s_ping_pong_enabled", not fi.utils._fa_disable_s_ping_pong_enabled
+    )
     _layer_call(query.clone(), key.clone(), value.clone(), mask)
     assert (counts.lane, counts.whole) == (lane, whole + 1)
 
 
-def test_plans_turned_off_between_layers_run_fa4_whole(counts: Counts, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plans_turned_off_between_layers_run_fa4_whole(
+    counts: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     query, key, value, mask = _with_lane(counts)
     lane, whole = counts.lane, counts.whole
     set_switch(monkeypatch, "FA4CACHE_LAUNCH_PLANS", "0")
@@ -243,7 +255,9 @@ def test_plans_turned_off_between_layers_run_fa4_whole(counts: Counts, monkeypat
     assert (counts.lane, counts.whole) == (lane, whole + 1)
 
 
-def test_another_compile_cache_is_not_launched_from_a_lane(counts: Counts, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_compile_cache_is_not_launched_from_a_lane(
+    counts: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     query, key, value, mask = _with_lane(counts)
     lane, whole = counts.lane, counts.whole
     monkeypatch.setattr(fi._flash_attn_fwd, "compile_cache", Kernels())  # an install() of another store
@@ -337,6 +351,8 @@ def test_a_compile_cache_given_new_kernels_is_planned_again(counts: Counts) -> N
     query, key, value, mask = _with_lane(counts)
     lane, whole = counts.lane, counts.whole
     old = fi._flash_attn_fwd.compile_cache.cache
-    fi._flash_attn_fwd.compile_cache.cache = {("another", i): _kernel for i in range(len(old))}  # as many, others
+    fi._flash_attn_fwd.compile_cache.cache = {
+        ("another", i): _kernel for i in range(len(old))
+    }  # as many, others
     _layer_call(query.clone(), key.clone(), value.clone(), mask)
     assert (counts.lane, counts.whole) == (lane, whole + 1)

@@ -35,7 +35,8 @@ from tests.helpers.switches import set_switch  # noqa: E402
 # launch_plans, plans are off (the last test checks that) and FA4 plans every call.
 _PLANNED = fa4_releases.why_off(fa4_releases.Coupling.LAUNCH_PLANS) is None
 pytestmark = pytest.mark.skipif(
-    not _PLANNED, reason="launch plans are not verified on this FA4 (tests/unit/test_fa4_releases.py checks they are off)"
+    not _PLANNED,
+    reason="launch plans are not verified on this FA4 (tests/unit/test_fa4_releases.py checks they are off)",
 )
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
@@ -454,12 +455,16 @@ def test_a_family_is_not_planned_from_one_key_row(fa4: Recorder, monkeypatch: py
     assert list(lp._plans.values()) == [lp._NOT_PLANNED]
 
 
-def test_an_arch_whose_planning_was_not_checked_gets_no_plans(fa4: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_arch_whose_planning_was_not_checked_gets_no_plans(
+    fa4: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(launch, "VERIFIED_ARCHS", frozenset())
     assert _plan_then(fa4, lambda: None) == 2
 
 
-def test_fa4s_log_level_changed_at_run_time_is_planned_again(fa4: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fa4s_log_level_changed_at_run_time_is_planned_again(
+    fa4: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     level = fi.fa_logging.get_fa_log_level()
     assert _plan_then(fa4, lambda: monkeypatch.setattr(fi.fa_logging, "_fa_log_level", level + 1)) == 2
 

@@ -174,7 +174,9 @@ def test_interval_masking_matches_element_wise_mask_mod(
 
     # The comparison means something only where the patch is in: on an FA4 whose release does
     # not list it, run with FA4CACHE_TRY_COUPLINGS=interval_masking to verify it there.
-    assert interval_masking.enable() and getattr(fa_mask.AttentionMask.apply_mask, interval_masking._PATCHED_MARK)
+    assert interval_masking.enable() and getattr(
+        fa_mask.AttentionMask.apply_mask, interval_masking._PATCHED_MARK
+    )
     fast = build()
     state = rng.getstate()
     monkeypatch.setenv("FA4CACHE_INTERVAL_MASKING", "0")

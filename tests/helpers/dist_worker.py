@@ -66,7 +66,9 @@ def _counts(store: Any) -> dict[str, float]:
     return {k: v[k] for k in ("compiles", "remote_hits", "misses", "disk_hits")}
 
 
-def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve: bool, freeze: bool = False) -> None:
+def child(
+    host: str, port: int, key: int, seconds: float, cache_dir: str, serve: bool, freeze: bool = False
+) -> None:
     """A process with a one-rank group of its own on ``host:port`` (``serve``: it hosts that
     store server itself in a grandchild, then kills it)."""
     import datetime
@@ -86,7 +88,9 @@ def child(host: str, port: int, key: int, seconds: float, cache_dir: str, serve:
         )  # fmt: skip
         port = int(server.stdout.readline())  # type: ignore[union-attr]
     client = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"child{os.getpid()}", client), rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(f"child{os.getpid()}", client), rank=0, world_size=1
+    )
     fake = FakeFA4(_store(Path(cache_dir)), compile_seconds=seconds)
     if server is not None:
         fake.call(key, 0)  # with the store up: compiled and uploaded

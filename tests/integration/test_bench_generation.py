@@ -25,9 +25,7 @@ def bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("FA4CACHE_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(
-        launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
-    )
+    monkeypatch.setattr(launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0])
     monkeypatch.setattr(varlen_calls, "forward", fa4_varlen_model.forward)
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
     import bench_generation
@@ -52,7 +50,18 @@ def test_every_job_is_a_row_warmed_timed_alike_and_a_failing_implementation_does
         return secs, tokens
 
     monkeypatch.setattr(bench, "run_once", spy)
-    argv = [*TINY, "--new", "5", "--budget", "600", "--profile-new", "4", "--jobs", "generate:x:2:12", "generate:x:3:8"]
+    argv = [
+        *TINY,
+        "--new",
+        "5",
+        "--budget",
+        "600",
+        "--profile-new",
+        "4",
+        "--jobs",
+        "generate:x:2:12",
+        "generate:x:3:8",
+    ]
     data = bench.main(argv)
     assert [(r["path"], r["batch"], r["prompt"]) for r in data["rows"]] == [
         ("generate", 2, 12),

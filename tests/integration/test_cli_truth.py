@@ -53,7 +53,9 @@ def _publish(root: Path, tc: str, kind: str, n: int, spec: Any = None) -> EntryR
     # Filed as compiles file them: the digest is the hash of the key text it carries.
     key = encode_key((kind, n))
     ref = EntryRef(tc, kind, key_digest(tc, kind, key))
-    assert store.publish_bytes(ref, b"\x7fELF" + bytes(200 + n), key=key, summary={"dtype": "bf16"}, spec=spec)
+    assert store.publish_bytes(
+        ref, b"\x7fELF" + bytes(200 + n), key=key, summary={"dtype": "bf16"}, spec=spec
+    )
     store.record_toolchain(tc, {"arch": 90, "versions": {"flash-attn-4": "4.0.0b36"}})
     return ref
 
@@ -268,7 +270,9 @@ def test_version_and_cache_dir_after_the_subcommand(tmp_path: Path) -> None:
     env = worker_env(tmp_path / "unused")
     p = cli("--version", env=env)
     # fa4cache's version, then the FA4 release and whether fa4cache was verified on it.
-    assert p.returncode == 0 and p.stdout.strip().startswith(f"fa4cache {__version__}; flash-attn-4 "), p.stdout
+    assert p.returncode == 0 and p.stdout.strip().startswith(f"fa4cache {__version__}; flash-attn-4 "), (
+        p.stdout
+    )
     d = tmp_path / "c"
     _publish(d, OLD, "fwd", 1)
     for args in (["stats", "--cache-dir", str(d), "--json"], ["--cache-dir", str(d), "stats", "--json"]):

@@ -318,7 +318,9 @@ def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch
     monkeypatch.setenv("FA4CACHE_COMPILE_AHEAD", "1")
     assert ahead.enabled()
     rng = random.Random(SEED)
-    specs = [KernelSpec(mask=rng.choice(["causal", "document"]), head_dim=d) for d in rng.sample([64, 96, 128], 2)]
+    specs = [
+        KernelSpec(mask=rng.choice(["causal", "document"]), head_dim=d) for d in rng.sample([64, 96, 128], 2)
+    ]
     print(f"seed {SEED}: {[s.label() for s in specs]}")
     store = Store.at(tmp_path / "c")
     runtime.register(store, lambda: TOOLCHAIN)
@@ -335,6 +337,7 @@ def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch
         with record_spec(specs[-1].to_dict()):
             FakeFA4(store).call(key + 1, 0)
         assert ahead.set_is_stored(specs)
+
         def no_server(**kw: object) -> None:
             raise AssertionError("a compile server was started for a stored kernel set")
 

@@ -35,7 +35,6 @@ pytestmark = [
 ]
 
 
-
 CACHE = cache_kwarg()
 
 
@@ -351,9 +350,7 @@ def test_what_cannot_run_on_fa4_falls_back_and_says_why(fa4: Any, caplog: Any) -
             model(input_ids=ids[:, :5], **{CACHE: cache})
             four_d = torch.ones(1, 1, 1, 6, dtype=torch.bool)
             with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
-                results.append(
-                    model(input_ids=ids[:, 5:], attention_mask=four_d, **{CACHE: cache}).logits
-                )
+                results.append(model(input_ids=ids[:, 5:], attention_mask=four_d, **{CACHE: cache}).logits)
     torch.testing.assert_close(results[0], results[1], atol=2e-5, rtol=2e-5)
     msgs = [r.getMessage() for r in caplog.records if "runs through PyTorch" in r.getMessage()]
     assert len(msgs) == 1 and "4-D attention mask" in msgs[0], msgs
@@ -470,7 +467,9 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
     from transformers.generation.continuous_batching import input_outputs
 
     if before_5_2x():
-        pytest.skip("transformers 5.17's generate_batch cannot size its cache on a CPU, with sdpa too (GPU test)")
+        pytest.skip(
+            "transformers 5.17's generate_batch cannot size its cache on a CPU, with sdpa too (GPU test)"
+        )
     built = []
     real_build = input_outputs.build_attention_mask
     monkeypatch.setattr(
@@ -562,7 +561,9 @@ def test_continuous_batching_plans_fa4cache_memory_as_a_flash_implementation(
 
     fht.register()
     monkeypatch.setattr(init, "get_accelerator_graph_name", lambda: "CUDAGraph")
-    monkeypatch.setattr(cb_cache, "get_device_and_memory_breakdown", lambda: (torch.device("cuda"), 80 << 30, 0, 0))
+    monkeypatch.setattr(
+        cb_cache, "get_device_and_memory_breakdown", lambda: (torch.device("cuda"), 80 << 30, 0, 0)
+    )
 
     def sectors(impl: str) -> int:
         cfg = LlamaConfig(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
@@ -703,7 +704,11 @@ def one_row(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     monkeypatch.setattr(one_row_sdpa, "DEVICE_TYPES", ("cuda", "cpu"))
     seen = {"calls": 0, "reads": 0, "made": 0}
-    real_forward, real_keep, real_made = one_row_sdpa.forward, one_row_sdpa._keep, one_row_sdpa.mask_for_all_tokens
+    real_forward, real_keep, real_made = (
+        one_row_sdpa.forward,
+        one_row_sdpa._keep,
+        one_row_sdpa.mask_for_all_tokens,
+    )
 
     def forward(*a: Any) -> Any:
         seen["calls"] += 1
@@ -794,7 +799,9 @@ def test_one_row_decode_stays_on_fa4_with_padding_a_batch_a_static_cache_or_the_
     steps = 4
 
     def run(ids: Any, mask: Any, kind: str = "dynamic") -> None:
-        follow = torch.randint(0, cfg.vocab_size, (ids.shape[0], steps), generator=torch.Generator().manual_seed(1))
+        follow = torch.randint(
+            0, cfg.vocab_size, (ids.shape[0], steps), generator=torch.Generator().manual_seed(1)
+        )
         fa4.clear()
         got = _teacher_forced(m, ids, mask, follow, kind)
         want = _teacher_forced(ref, ids, mask, follow, kind)
@@ -826,7 +833,9 @@ def test_a_static_step_mask_the_hook_makes_is_not_read_back(fa4: Any, one_row: d
     from fa4cache.decode import one_row_sdpa
 
     made = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, None, device=torch.device("cpu"))
-    padded = padding_mask(1, 1, 11, torch.tensor(9), 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool))
+    padded = padding_mask(
+        1, 1, 11, torch.tensor(9), 0, causal_mask_function, torch.ones(1, 10, dtype=torch.bool)
+    )
     assert made.tolist() == [[True] * 10 + [False]] and padded.tolist() == [[True] * 10 + [False]]
     assert not one_row_sdpa.all_ones(made) and not one_row_sdpa.all_ones(padded)
     assert one_row["reads"] == 0, one_row
@@ -849,7 +858,9 @@ def test_a_one_row_decode_step_compiles_into_one_graph(fa4: Any, one_row: dict[s
     with torch.no_grad():
         m(input_ids=ids, attention_mask=mask, **{CACHE: cache})
         mask = torch.cat([mask, mask[:, :1]], 1)
-        out = run(input_ids=ids[:, :1], attention_mask=mask, position_ids=torch.tensor([[10]]), **{CACHE: cache})
+        out = run(
+            input_ids=ids[:, :1], attention_mask=mask, position_ids=torch.tensor([[10]]), **{CACHE: cache}
+        )
         # No mask (as transformers 5.2x's generate passes an all-ones one): the hook is traced too.
         run(input_ids=ids[:, 1:2], position_ids=torch.tensor([[11]]), **{CACHE: cache})
     assert out.logits.shape == (1, 1, cfg.vocab_size)
@@ -1008,7 +1019,9 @@ def test_per_query_sinks_apply_and_sparse_indices_are_refused_by_name(fa4: Any) 
         probs = torch.softmax(torch.cat([scores, sinks], -1), -1)[..., :-1]
         want = (probs @ vv).transpose(1, 2)
         rows = mask[:, -Tq:].bool()  # a padding query's output is whatever the path gives it
-        torch.testing.assert_close(out[rows], want[rows], atol=1e-5, rtol=1e-5, msg=lambda m, t=Tq: f"Tq {t}: {m}")
+        torch.testing.assert_close(
+            out[rows], want[rows], atol=1e-5, rtol=1e-5, msg=lambda m, t=Tq: f"Tq {t}: {m}"
+        )
     q = torch.randn(1, H, 3, D, generator=gen)
     for name in ("indices", "block_indices"):
         with pytest.raises(ValueError, match=f"`{name}`.*attn_implementation='sdpa' or 'eager'"):
@@ -1146,7 +1159,9 @@ def test_steps_through_pytorch_over_a_static_cache_see_only_the_tokens(fa4: Any,
             with torch.no_grad():
                 got, want = (model.generate(input_ids=ids, attention_mask=m, **kw) for model in models)
             assert torch.equal(got.sequences, want.sequences), (batch, m)
-            torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(
+                torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=2e-5
+            )
 
 
 def test_a_compiled_static_step_given_no_mask_sees_only_the_tokens(fa4: Any) -> None:

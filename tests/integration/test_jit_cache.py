@@ -306,7 +306,9 @@ def test_an_argument_no_key_can_value_is_named_and_kept_in_memory(kernels: Any, 
     assert st.misses == 0  # nothing was compiled
     one, two = (st.canonical((kernels.DTYPES[0], 16, f), {}) for f in (lambda: 1, lambda: 2))
     assert one != two  # two lambdas: two codes
-    assert st.canonical((kernels.DTYPES[0], 16, {1, 2}), {}) != st.canonical((kernels.DTYPES[0], 16, {1, 3}), {})
+    assert st.canonical((kernels.DTYPES[0], 16, {1, 2}), {}) != st.canonical(
+        (kernels.DTYPES[0], 16, {1, 3}), {}
+    )
 
 
 def test_keys_are_canonical_over_spellings_and_distinct_over_values(kernels: Any) -> None:

@@ -50,9 +50,7 @@ def adapter(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.setattr(varlen_calls, "backward", fa4_varlen_model.backward)
     from fa4cache.decode import launch
 
-    monkeypatch.setattr(
-        launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0]
-    )
+    monkeypatch.setattr(launch, "_fa4_forward", lambda *a, **kw: fa4_varlen_model.flash_attn_fwd(*a, **kw)[0])
     # fa4cache.attention first: its lazy lookup would otherwise resolve to (and on undo
     # restore) the already-patched adapter function, leaking the reference to later tests.
     monkeypatch.setattr(fa4cache, "attention", fa4_varlen_model.mask_reference, raising=False)
@@ -482,7 +480,9 @@ def test_a_float_4d_mask_is_added_to_the_scores_as_transformers_does(adapter: An
 
     from transformers import ParakeetEncoder, ParakeetEncoderConfig
 
-    cfg = ParakeetEncoderConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    cfg = ParakeetEncoderConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
     x = torch.randn(2, 64, cfg.num_mel_bins, generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 64, dtype=torch.long)
     mask[1, 40:] = 0
@@ -551,7 +551,9 @@ def _pair(cls: Any, cfg: Any) -> tuple[Any, Any]:
 
 
 def _same_generation(ref: Any, got: Any, **inputs: Any) -> None:
-    kw = dict(max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    kw = dict(
+        max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
+    )
     with torch.no_grad():
         a, b = ref.generate(**inputs, **kw), got.generate(**inputs, **kw)
     torch.testing.assert_close(torch.stack(b.logits), torch.stack(a.logits), atol=1e-4, rtol=1e-4)
@@ -614,7 +616,9 @@ def test_gemma3_image_tokens_see_each_other(adapter: Any) -> None:
 
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
-def test_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(adapter: Any, family: str) -> None:
+def test_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(
+    adapter: Any, family: str
+) -> None:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     if family == "t5":
@@ -642,7 +646,9 @@ def test_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(ad
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-def test_bert_style_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(adapter: Any) -> None:
+def test_bert_style_cross_attention_as_long_as_the_padded_encoder_reads_its_mask_as_keys(
+    adapter: Any,
+) -> None:
     # BERT's cross-attention layers (and T5Gemma's, Dia's, GPT-2's) carry no is_decoder: with the
     # decoder as long as the padded encoder, the encoder's mask was read as the decoder's documents.
     from transformers import BertConfig, BertLMHeadModel
@@ -781,7 +787,10 @@ def test_a_mask_with_a_gap_is_refused_not_read_as_two_documents(adapter: Any) ->
     att = torch.ones(2, 10, dtype=torch.long)
     att[0, 4] = 0
     att[1, :2] = 0
-    with torch.no_grad(), pytest.raises(RuntimeError, match="one run of tokens per row.*attn_implementation='sdpa'"):
+    with (
+        torch.no_grad(),
+        pytest.raises(RuntimeError, match="one run of tokens per row.*attn_implementation='sdpa'"),
+    ):
         got(input_ids=ids, attention_mask=att)
     att[0, 4] = 1  # padding at either end is fine
     att[0, 8:] = 0
@@ -813,7 +822,12 @@ def test_models_with_attention_code_of_their_own_are_refused_by_name(adapter: An
 
     small = dict(hidden_size=64, n_embd=64, d_model=64, num_attention_heads=4, n_head=4, n_heads=4, num_heads=4,
                  num_hidden_layers=1, n_layer=1, n_layers=1, num_layers=1, vocab_size=97)  # fmt: skip
-    for family, fix in (("bloom", "'eager'$"), ("falcon", "'eager' or 'sdpa'"), ("gpt_neo", "'eager'"), ("mpt", "'eager'")):
+    for family, fix in (
+        ("bloom", "'eager'$"),
+        ("falcon", "'eager' or 'sdpa'"),
+        ("gpt_neo", "'eager'"),
+        ("mpt", "'eager'"),
+    ):
         cfg = AutoConfig.for_model(family)
         for k, v in small.items():
             if hasattr(cfg, k):
@@ -898,7 +912,9 @@ def _same_as_eager_and_sdpa(cfg: Any) -> None:
     out = {}
     for impl in ("eager", "sdpa", "fa4cache"):
         torch.manual_seed(0)
-        model = AutoModel.from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32).eval()
+        model = AutoModel.from_config(
+            copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.float32
+        ).eval()
         with torch.no_grad():
             out[impl] = model(input_ids=ids, attention_mask=att).last_hidden_state[att.bool()]
     torch.testing.assert_close(out["fa4cache"], out["eager"], atol=1e-5, rtol=1e-5)
@@ -920,11 +936,17 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     alibi = AutoModel.from_config(FalconConfig(**kw, alibi=True), attn_implementation="fa4cache").eval()
-    with torch.no_grad(), pytest.raises(ValueError, match="FalconAttention adds terms of its own.*'eager' or 'sdpa'"):
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match="FalconAttention adds terms of its own.*'eager' or 'sdpa'"),
+    ):
         alibi(input_ids=ids[:1], attention_mask=torch.ones(1, 9, dtype=torch.long))
     # Without a mask, or at batch 2, Falcon's own code fails on the hook's mask before its
     # attention runs (a bare AttributeError, a shape error): an error, never a result.
-    for inputs in ({"input_ids": ids[:1]}, {"input_ids": ids, "attention_mask": torch.ones(2, 9, dtype=torch.long)}):
+    for inputs in (
+        {"input_ids": ids[:1]},
+        {"input_ids": ids, "attention_mask": torch.ones(2, 9, dtype=torch.long)},
+    ):
         with torch.no_grad(), pytest.raises((AttributeError, RuntimeError, ValueError)):
             alibi(**inputs)
     for arch in ({}, {"new_decoder_architecture": True, "num_kv_heads": 2}):
@@ -940,8 +962,12 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
         cu = [0, *itertools.accumulate(lens)]
         with torch.no_grad():
             packed = got(input_ids=ids, position_ids=pos).last_hidden_state[0]
-            alone = torch.cat([ref(input_ids=ids[:, a:b]).last_hidden_state[0] for a, b in zip(cu[:-1], cu[1:])])
-        torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5, msg=lambda m, lens=lens: f"lens {lens}: {m}")
+            alone = torch.cat(
+                [ref(input_ids=ids[:, a:b]).last_hidden_state[0] for a, b in zip(cu[:-1], cu[1:])]
+            )
+        torch.testing.assert_close(
+            packed, alone, atol=1e-5, rtol=1e-5, msg=lambda m, lens=lens: f"lens {lens}: {m}"
+        )
 
 
 @pytest.mark.slow
@@ -972,7 +998,10 @@ def test_every_registered_model_family_is_refused_by_name_or_matches_eager(
     for o in outcomes:
         print(f"{o.family:32} {o.verdict:24} {o.detail}")
     counts = collections.Counter(o.verdict for o in outcomes)
-    print(f"transformers {transformers.__version__}:", ", ".join(f"{v} {counts[v]}" for v in model_sweep.VERDICTS))
+    print(
+        f"transformers {transformers.__version__}:",
+        ", ".join(f"{v} {counts[v]}" for v in model_sweep.VERDICTS),
+    )
     bad = [o for o in outcomes if o.verdict in model_sweep.BAD]
     assert not bad, "\n".join(f"{o.family}: {o.verdict}: {o.detail}" for o in bad)
 
@@ -982,7 +1011,9 @@ def test_an_encoder_passing_its_own_one_row_mask_still_matches_eager(adapter: An
     # the ALiBi guard (a layer that says is_causal=True) must not refuse it (a first version did).
     from transformers import LayoutLMConfig, LayoutLMModel
 
-    cfg = LayoutLMConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=97)
+    cfg = LayoutLMConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=97
+    )
     ref, got = _pair(LayoutLMModel, cfg)
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     att = torch.ones(2, 9, dtype=torch.long)

@@ -309,7 +309,9 @@ def test_import_verify_refuses_what_it_could_not_rebuild_and_publishes_nothing(t
     export_bundle(tmp_path / "a", bundle)
     r = run_cli(tmp_path / "b", "bundle", "import", "--verify", str(bundle))
     assert r.returncode == 1, (r.stdout, r.stderr[-2000:])
-    assert "0 identical, 0 DIFFERENT, 2 not rebuilt" in r.stdout and "refused the bundle: 2 entries" in r.stdout
+    assert (
+        "0 identical, 0 DIFFERENT, 2 not rebuilt" in r.stdout and "refused the bundle: 2 entries" in r.stdout
+    )
     assert "nothing was imported" in r.stdout and "--keep-unverified" in r.stdout
     assert _entries(tmp_path / "b") == set()
     # A spec that does not compile is no better than none (one that compiles another kernel:

@@ -681,7 +681,9 @@ print("DSL", CuTeDSL._get_dsl().envar.disable_file_caching, os.environ.get("CUTE
 """
 
 
-def test_jit_cache_without_install_closes_the_dsl_cache_and_expect_warm_stops_memory_only(tmp_path: Path) -> None:
+def test_jit_cache_without_install_closes_the_dsl_cache_and_expect_warm_stops_memory_only(
+    tmp_path: Path,
+) -> None:
     """Issue 50 (LOW): a process that uses ``@fa4cache.jit_cache`` without ``install()``
     turns the DSL's squattable /tmp file cache off too, and ``FA4CACHE_EXPECT_WARM=error``
     stops a jit_cache compile that can only be kept in memory, as it stops FA4's."""

@@ -210,7 +210,9 @@ def test_a_directory_as_the_bundle_file_is_one_clear_line(tmp_path: Path) -> Non
     (tmp_path / "d").mkdir()
     for cmd in ("show", "import"):
         r = run_cli(tmp_path / "b", "bundle", cmd, str(tmp_path / "d"))
-        assert r.returncode == 2 and "is a directory, not a bundle file" in r.stderr and ": 3" not in r.stderr, r.stderr
+        assert (
+            r.returncode == 2 and "is a directory, not a bundle file" in r.stderr and ": 3" not in r.stderr
+        ), r.stderr
     # The library says it too (the CLI refuses a directory before it opens it).
     from fa4cache.errors import Fa4CacheError
     from fa4cache.store.bundle import import_bundle

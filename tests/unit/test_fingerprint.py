@@ -44,7 +44,10 @@ def test_torch_and_python_are_not_in_the_key_but_the_dsl_flavor_is(monkeypatch: 
 def test_the_dsl_flavor_follows_the_dsls_own_rule(tmp_path: Path) -> None:
     libs = tmp_path / "_mlir_libs"
     libs.mkdir()
-    for n in ("_cutlass_ir.cu12.cpython-311-x86_64-linux-gnu.so", "_cutlass_ir.cu13.cpython-311-x86_64-linux-gnu.so"):
+    for n in (
+        "_cutlass_ir.cu12.cpython-311-x86_64-linux-gnu.so",
+        "_cutlass_ir.cu13.cpython-311-x86_64-linux-gnu.so",
+    ):
         (libs / n).write_bytes(b"")
     pick = fingerprint._dsl_cuda_from_files
     assert pick(str(libs), None) == "cu13"  # no driver: the newest
@@ -103,11 +106,18 @@ def test_why_a_toolchain_cannot_serve_names_the_field_and_the_fix(monkeypatch: p
 @pytest.mark.compile
 def test_bundle_import_and_doctor_say_which_kernels_serve_this_host(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
-    assert run_cli(src, "warm", "--mask", "causal", "--no-backward", "--head-dim", "64", "-j", "1").returncode == 0
+    assert (
+        run_cli(src, "warm", "--mask", "causal", "--no-backward", "--head-dim", "64", "-j", "1").returncode
+        == 0
+    )
     f = tmp_path / "k.fa4b"
     assert run_cli(src, "bundle", "export", str(f)).returncode == 0
     here = run_cli(dst, "bundle", "import", str(f), env={"FLASH_ATTENTION_ARCH": "sm_90"})
-    assert here.returncode == 0 and "1 kernel(s) of toolchain" in here.stdout and "can serve this host" in here.stdout
+    assert (
+        here.returncode == 0
+        and "1 kernel(s) of toolchain" in here.stdout
+        and "can serve this host" in here.stdout
+    )
     there = run_cli(dst, "bundle", "show", str(f), env={"FLASH_ATTENTION_ARCH": "sm_100"})
     assert "cannot serve this host: arch 100 here, 90 in the bundle" in there.stdout, there.stdout
     doc = run_cli(dst, "doctor", env={"FLASH_ATTENTION_ARCH": "sm_100"})

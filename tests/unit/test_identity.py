@@ -132,7 +132,9 @@ def test_wrappers_no_source_and_lookups_by_string_change_the_key(pkg: Any) -> No
         exec(f"def mask_mod(b, h, q, kv, si, aux):\n    return kv <= si.{attr}\n", ns)  # noqa: S102
         exec_fns.append(identity(ns["mask_mod"]).digest)
     assert exec_fns[0] != exec_fns[1]
-    looks_up = pkg("idw_globals", "OFF = 5\ndef mask_mod(b, h, q, kv, si, aux):\n    return kv <= q + globals()['OFF']\n")
+    looks_up = pkg(
+        "idw_globals", "OFF = 5\ndef mask_mod(b, h, q, kv, si, aux):\n    return kv <= q + globals()['OFF']\n"
+    )
     with pytest.raises(UnkeyableCode, match="calls globals.*by name"):
         identity(looks_up.mask_mod)
 
@@ -226,7 +228,10 @@ def test_values_reached_through_classes_and_containers_change_the_key(
 def test_a_class_attribute_no_key_holds_makes_the_class_unkeyable(pkg: Any) -> None:
     # self.H.OFF, with H a user module: no chain follows self, so the value went unread.
     pkg("idu_h", "OFF = 5\n")
-    m = pkg("idu_k", "import idu_h\nclass M:\n    H = idu_h\n    def __call__(self, q, kv):\n        return kv <= q + self.H.OFF\n")
+    m = pkg(
+        "idu_k",
+        "import idu_h\nclass M:\n    H = idu_h\n    def __call__(self, q, kv):\n        return kv <= q + self.H.OFF\n",
+    )
     with pytest.raises(UnkeyableCode, match="M.H is the user module idu_h"):
         identity(m.M())
 
@@ -279,7 +284,10 @@ def test_code_without_a_file_is_keyed_alike_under_any_hash_seed(tmp_path: Path) 
     )
     outs = {
         subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed},
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
             timeout=120,
         ).stdout.strip()
         for seed in ("1", "2", "3")
@@ -342,7 +350,9 @@ def test_objects_are_keyed_by_value_or_refused_with_the_fix(pkg: Any) -> None:
     # An attribute read of an object with a constant repr: keyed by the attribute's value.
     assert identity(m.by_attr(m.Band(1))).digest != identity(m.by_attr(m.Band(2))).digest
     # The object itself, used as a whole: no key, and the message says what to do.
-    with pytest.raises(UnkeyableCode, match=r"band\.lock is a _thread\.lock.*read by ido_main.*Fix:.*aux tensor"):
+    with pytest.raises(
+        UnkeyableCode, match=r"band\.lock is a _thread\.lock.*read by ido_main.*Fix:.*aux tensor"
+    ):
         identity(m.by_object(m.Band(1)))
     # A frozen dataclass: by type (its methods' source) and fields; a bound method: by both.
     assert identity(m.by_config(m.Cfg(1))).digest != identity(m.by_config(m.Cfg(2))).digest
@@ -395,11 +405,18 @@ def test_an_edited_file_makes_the_code_unkeyable_until_reloaded(pkg: Any, tmp_pa
 def test_digests_agree_across_processes_and_hash_seeds(pkg: Any, tmp_path: Path) -> None:
     import subprocess
 
-    pkg("idp_main", "import math\nK = (1, 'a', 2.5)\ndef mask(m, n):\n    return n <= m + K[0] + math.floor(0.5)\n")
+    pkg(
+        "idp_main",
+        "import math\nK = (1, 'a', 2.5)\ndef mask(m, n):\n    return n <= m + K[0] + math.floor(0.5)\n",
+    )
     code = "import idp_main; from fa4cache.identity import identity; print(identity(idp_main.mask).digest)"
     outs = set()
     for seed in ("0", "7"):
-        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        }
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode == 0, p.stderr
         outs.add(p.stdout.strip())
@@ -498,7 +515,9 @@ def test_expect_warm_warns_or_raises_naming_the_kernel_and_the_field(
         fa.call(7, 0)  # warm: nothing said
         assert "after warm-up" not in caplog.text
         fa.call(8, 0)
-    assert "a fwd kernel compiles after warm-up" in caplog.text and "'8' here, '7' in this store" in caplog.text
+    assert (
+        "a fwd kernel compiles after warm-up" in caplog.text and "'8' here, '7' in this store" in caplog.text
+    )
     with fa4cache.expect_warm("error"), pytest.raises(fa4cache.UnexpectedCompile, match="fwd"):
         fa.call(9, 0)
     fa.call(9, 0)  # the lock was released: outside the block it compiles
@@ -509,7 +528,9 @@ def test_expect_warm_warns_or_raises_naming_the_kernel_and_the_field(
         pass
 
 
-def test_a_field_that_changes_every_call_is_named_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_field_that_changes_every_call_is_named_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from fa4cache import warmth
     from fa4cache.store.store import Store
     from tests.helpers.fake_compiler import FakeCompiled, FakeFA4

@@ -46,7 +46,7 @@ def test_the_statements_read_alone_name_what_a_whole_parse_of_fa4s_modules_names
 def test_strings_comments_and_nested_functions_do_not_mislead_the_reader(tmp_path: Path) -> None:
     src = tmp_path / "fa4_like.py"
     src.write_text(
-        '''
+        """
 def _flash_attn_fwd(q, k):
     note = "compile_key = (not, this)"  # compile_key = (nor, this)
     def helper():
@@ -66,7 +66,7 @@ async def _bwd_preprocess(x):
     else:
         compile_key = (x, 2, 3)
     return compile_key
-''',
+""",
         encoding="utf-8",
     )
     got = _parse(src)

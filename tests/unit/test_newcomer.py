@@ -96,11 +96,14 @@ def test_readme_and_docs_give_the_two_commands_ci_runs() -> None:
     for path in (README, DOCS / "index.md"):
         text = path.read_text()
         assert INSTALL_WARM_STATS in text and TEST_COMMAND in text and FAST_TIER in text, path
-    # CI installs, runs exactly the test command, then the overlay legs (other releases).
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    # CI installs, runs exactly the test command, then the overlay legs (other releases) and ruff.
+    ci = [
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")
+    ]
     install = ci.index("bash scripts/install.sh")
     assert ci[install + 1] == TEST_COMMAND, ci
-    assert all(line.startswith(("bash scripts/test_overlay.sh", " ")) for line in ci[install + 2 :]), ci
+    assert all(line.startswith(("bash scripts/test_overlay.sh", " ")) for line in ci[install + 2 : -2]), ci
+    assert ci[-2:] == [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."], ci
     assert '".[fa4,ray,transformers,test]"' in (ROOT / "scripts" / "install.sh").read_text()
     # Installed from a checkout or git, never a bare name from PyPI (it is not there).
     for path in (README, DOCS / "index.md"):

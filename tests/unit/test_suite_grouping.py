@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("xdist")
 
-CASES = '''
+CASES = """
 import pytest
 
 @pytest.mark.xdist_group("together")
@@ -25,7 +25,7 @@ def test_grouped(i):
 @pytest.mark.parametrize("i", range(6))
 def test_free(i):
     pass
-'''
+"""
 
 
 def test_a_marked_group_runs_on_one_worker(tmp_path: Path) -> None:
