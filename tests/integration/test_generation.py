@@ -64,6 +64,14 @@ def fa4(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     yield seen
 
 
+def SMALL_PAGED_CACHE() -> Any:  # noqa: N802  (a constant, built when transformers is there)
+    """A paged cache sized for a test's few prompts: transformers sizes it from the free memory
+    of the device, which on a CPU host is its RAM (9 GB for a tiny model before)."""
+    from transformers import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=256)
+
+
 def _configs() -> dict[str, Any]:
     from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen3Config
 
@@ -491,7 +499,12 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
             tok = (tok * 7 + 3) % cfg.vocab_size
     gen = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=-1)
     with caplog.at_level(logging.WARNING, logger="fa4cache.adapters.transformers"):
-        out = m.generate_batch(inputs=prompts, generation_config=gen, progress_bar=False)
+        out = m.generate_batch(
+            inputs=prompts,
+            generation_config=gen,
+            progress_bar=False,
+            continuous_batching_config=SMALL_PAGED_CACHE(),
+        )
     got = [out[k].generated_tokens for k in sorted(out, key=lambda r: int(r.split("_")[-1]))]
     for p, tokens in zip(prompts, got):
         want = ref.generate(
