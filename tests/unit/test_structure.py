@@ -498,3 +498,22 @@ def test_the_untested_module_finder_sees_imports_strings_and_names(tmp_path: Pat
     (tmp_path / "test_e_more.py").write_text("x = 'p.f.attr'\n")
     found = _untested(mods, sorted(tmp_path.glob("test_*.py")))
     assert found == ["p.f"], found
+
+
+def test_every_package_of_the_tree_is_in_the_wheel() -> None:
+    # pyproject lists the packages by name: a new package left out installs in an editable
+    # checkout and is missing from the wheel (fa4cache.decode was, found on the H200's install).
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    roots = {
+        "fa4cache": "fa4cache",
+        "adapters": "fa4cache.adapters",
+        "ray_integration": "fa4cache.ray_integration",
+    }
+    found = set()
+    for folder, name in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
