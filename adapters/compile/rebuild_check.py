@@ -187,14 +187,19 @@ def _storing_into(scratch: Store) -> Iterator[None]:
 
 def _main(argv: list[str]) -> int:
     """In the rebuild process: compile one spec into FA4CACHE_DIR."""
+    from fa4cache.adapters.compile.target import target_scope
     from fa4cache.adapters.compile.warm_specs import compile_spec
     from fa4cache.adapters.patch import install
 
+    from fa4cache.aot.plan import Target
     from fa4cache.aot.spec import KernelSpec
 
-    spec: Any = json.loads(argv[0])
+    spec = KernelSpec.from_dict(json.loads(argv[0]))
     install()
-    compile_spec(KernelSpec.from_dict(spec))
+    # The spec's own target, set as warm sets it (FLASH_ATTENTION_ARCH alone, or nothing, on a
+    # CPU host made every rebuild fail with FA4's "Only SM 9.x is supported").
+    with target_scope(Target(spec.arch)):
+        compile_spec(spec)
     return 0
 
 
