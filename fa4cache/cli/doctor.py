@@ -66,6 +66,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if line.problems else 0
 
 
+def _settings(line: _Report) -> None:
+    """Every FA4CACHE_ variable that is set, read as ``install()`` reads it: a value it would
+    refuse is a FAIL here too (doctor passed FA4CACHE_VERIFY_HITS=2, which install() refuses)."""
+    import os
+
+    from fa4cache.errors import ConfigError
+    from fa4cache.settings import SETTINGS
+
+    bad = []
+    for s in SETTINGS:
+        if s.name in os.environ:
+            try:
+                s.read(os.environ)
+            except (ConfigError, ValueError) as e:
+                bad.append(str(e))
+    if bad:
+        for msg in bad:
+            line("FAIL", "setting", msg)
+    else:
+        n = sum(s.name in os.environ for s in SETTINGS)
+        line("ok", "settings", f"{n} FA4CACHE_ variable(s) set, each one valid")
+
+
 def _versions(line: _Report) -> None:
     from importlib import metadata
 
@@ -240,6 +263,7 @@ def _fa4_own_cache(line: _Report) -> None:
 # What `fa4cache doctor` checks, in order: each adds its lines to the report (a check may
 # read what an earlier one kept there: the store and whether it is usable).
 CHECKS: tuple[Callable[[_Report], None], ...] = (
+    _settings,
     _versions,
     _fa4_couplings,
     _gpu,

@@ -805,3 +805,16 @@ def test_bundle_show_and_import_see_the_gpu_doctor_sees(tmp_path: Path) -> None:
         cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert "this machine has no target arch" in cpu.stdout, cpu.stdout + cpu.stderr
+
+
+def test_doctor_fails_a_setting_install_would_refuse(tmp_path: Path) -> None:
+    # A newcomer's walk: FA4CACHE_VERIFY_HITS=2 made install() raise, while doctor said every
+    # check was ok (exit 0).
+    from tests.conftest import run_cli
+
+    for var, value in (("FA4CACHE_VERIFY_HITS", "2"), ("FA4CACHE_COMPILE_AHEAD", "maybe")):
+        p = run_cli(tmp_path / "store", "doctor", env={var: value})
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert any(ln.startswith("[FAIL] setting") and var in ln for ln in p.stdout.splitlines()), p.stdout
+    ok = run_cli(tmp_path / "store", "doctor", "--json")
+    assert '"check": "settings"' in ok.stdout, ok.stdout
