@@ -33,6 +33,7 @@ def counting_compile(*a, **k):  # instrumentation only: counts real compiles in 
         compiles["s"] += time.perf_counter() - t
 
 
+counting_compile.__fa4cache_codegen_neutral__ = True  # it counts and calls cute.compile: no other code
 cute.compile = counting_compile
 from flash_attn.cute import flash_attn_func  # noqa: E402
 from flash_attn.cute import interface as fi  # noqa: E402
