@@ -53,35 +53,43 @@ def refuse_models_outside_the_interface() -> None:
             chosen = fn(self, requested_attention, *args, **kwargs)
             if chosen in NAMES:
                 mark_block_family(self)  # (what the mask hook cannot tell while compiling)
-            if chosen in NAMES and not _uses_the_interface(type(self)):
-                raise ValueError(
-                    f"fa4cache attention: {type(self).__name__} has attention code of its own and does not "
-                    f"call transformers' attention interface, so attn_implementation={chosen!r} would never "
-                    "run fa4cache (and its mask would be read wrong); load it with attn_implementation='eager'"
-                    + (" or 'sdpa'" if getattr(self, "_supports_sdpa", False) else "")
-                )
-            reader = _reads_the_mask_itself(type(self)) if chosen in NAMES else None
-            if reader is not None:
-                raise ValueError(
-                    f"fa4cache attention: {type(self).__name__}'s own layer code reads the attention mask as "
-                    f"transformers' 4-D mask ({reader} models do), which attn_implementation={chosen!r} does "
-                    "not build; load it with attn_implementation='eager'"
-                    + (" or 'sdpa'" if getattr(self, "_supports_sdpa", False) else "")
-                )
-            table = _own_attention_table(type(self)) if chosen in NAMES else None
-            if table is not None:
-                name, choices = table
-                raise ValueError(
-                    f"fa4cache attention: {type(self).__name__} picks its attention layers by implementation "
-                    f"name from a table of its own ({name}: {', '.join(map(repr, choices))}), which has no "
-                    f"{chosen!r}; load it with attn_implementation="
-                    + " or ".join(repr(c) for c in choices if c in ("eager", "sdpa"))
-                )
+                why = _refusal(self, chosen)
+                if why is not None:
+                    raise ValueError(f"fa4cache attention: {why}")
             return chosen
 
         return get_correct_attn_implementation
 
     patch_once(PreTrainedModel, "get_correct_attn_implementation", wrap)
+
+
+def _refusal(model: Any, chosen: str) -> str | None:
+    """Why ``chosen`` (a fa4cache name) cannot run ``model``, with the fix; None when it can."""
+    cls = type(model)
+    fix = "load it with attn_implementation='eager'" + (
+        " or 'sdpa'" if getattr(model, "_supports_sdpa", False) else ""
+    )
+    if not _uses_the_interface(cls):
+        return (
+            f"{cls.__name__} has attention code of its own and does not call transformers' attention "
+            f"interface, so attn_implementation={chosen!r} would never run fa4cache (and its mask would be "
+            f"read wrong); {fix}"
+        )
+    reader = _reads_the_mask_itself(cls)
+    if reader is not None:
+        return (
+            f"{cls.__name__}'s own layer code reads the attention mask as transformers' 4-D mask ({reader} "
+            f"models do), which attn_implementation={chosen!r} does not build; {fix}"
+        )
+    table = _own_attention_table(cls)
+    if table is not None:
+        name, choices = table
+        return (
+            f"{cls.__name__} picks its attention layers by implementation name from a table of its own "
+            f"({name}: {', '.join(map(repr, choices))}), which has no {chosen!r}; load it with "
+            "attn_implementation=" + " or ".join(repr(c) for c in choices if c in ("eager", "sdpa"))
+        )
+    return None
 
 
 def _own_attention_table(cls: type) -> tuple[str, list[str]] | None:
