@@ -840,6 +840,25 @@ def test_models_with_attention_code_of_their_own_are_refused_by_name(adapter: An
     AutoModel.from_config(_configs()["llama-gqa"], attn_implementation="fa4cache")  # the interface's own
 
 
+@pytest.fixture
+def sweep_calls(adapter: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A counter of the calls of fa4cache's attention (``calls["attention"]``), which the
+    model sweep reads to tell a model that runs fa4cache from one that only accepts it."""
+    import collections
+
+    from transformers import AttentionInterface
+
+    fht, _ = adapter
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls["attention"] += 1
+        return fht.attention_forward(*args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, fht.NAME, counting)
+    return calls
+
+
 @pytest.mark.parametrize(
     "family, verdict",
     [
@@ -866,22 +885,11 @@ def test_models_with_attention_code_of_their_own_are_refused_by_name(adapter: An
     ],
 )
 def test_a_model_family_the_sweep_found_wrong_is_refused_by_name_or_matches_eager(
-    adapter: Any, monkeypatch: pytest.MonkeyPatch, family: str, verdict: str
+    sweep_calls: Any, family: str, verdict: str
 ) -> None:
-    import collections
-
-    from transformers import AttentionInterface
-
     from tests.helpers import model_sweep
 
-    fht, _ = adapter
-    calls: collections.Counter[str] = collections.Counter()
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls["attention"] += 1
-        return fht.attention_forward(*args, **kwargs)
-
-    monkeypatch.setitem(AttentionInterface._global_mapping, fht.NAME, counting)
+    calls = sweep_calls
     outcome = model_sweep.check(family, calls)
     assert outcome.verdict == verdict, outcome
     if verdict == "refused":  # (the sweep counts a refusal only where it names 'eager')
@@ -975,25 +983,14 @@ def test_falcon_with_alibi_is_refused_by_name_not_attended_without_causality(ada
     os.environ.get("FA4CACHE_MODEL_SWEEP") != "1",
     reason="the sweep over every model family takes 30-45 min on 2 cores: FA4CACHE_MODEL_SWEEP=1 runs it",
 )
-def test_every_registered_model_family_is_refused_by_name_or_matches_eager(
-    adapter: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_registered_model_family_is_refused_by_name_or_matches_eager(sweep_calls: Any) -> None:
     # Each family transformers registers, built tiny from its own config: refused by name, or
     # accepted, running fa4cache's attention and equal to eager. Never accepted and wrong.
     import collections
 
-    from transformers import AttentionInterface
-
     from tests.helpers import model_sweep
 
-    fht, _ = adapter
-    calls: collections.Counter[str] = collections.Counter()
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls["attention"] += 1
-        return fht.attention_forward(*args, **kwargs)
-
-    monkeypatch.setitem(AttentionInterface._global_mapping, fht.NAME, counting)
+    calls = sweep_calls
     outcomes = [model_sweep.check(f, calls) for f in model_sweep.families()]
     for o in outcomes:
         print(f"{o.family:32} {o.verdict:24} {o.detail}")
