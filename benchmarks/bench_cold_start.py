@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,10 @@ def cpu(args: argparse.Namespace) -> None:
     env = env_with(**CPU_ENV, FA4CACHE_COMPILE_AHEAD="0")
     runs: dict[str, list[dict[str, Any]]] = {"-j 1": [], "-j 2": []}
     with tempfile.TemporaryDirectory() as t:
-        for r in range(args.rounds):
-            order = ["-j 1", "-j 2"] if r % 2 == 0 else ["-j 2", "-j 1"]
-            for name in order:
-                res = warm_run(Path(t), QWEN3_8B, int(name[-1]), env)
-                runs[name].append(res)
-                print(f"round {r}: warm {name}: {res}", flush=True)
+        for r, name in alternating(["-j 1", "-j 2"], args.rounds):
+            res = warm_run(Path(t), QWEN3_8B, int(name[-1]), env)
+            runs[name].append(res)
+            print(f"round {r}: warm {name}: {res}", flush=True)
     med = {n: statistics.median(x["wall_s"] for x in v) for n, v in runs.items()}
     ratio = med["-j 2"] / med["-j 1"]
     rows = [
@@ -325,6 +324,14 @@ def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> 
     return row, timeline
 
 
+def alternating(cases: list[Any], rounds: int) -> Iterator[tuple[int, Any]]:
+    """``(round, case)`` for ``rounds`` rounds of ``cases``, every other round in reverse order
+    (a host that drifts during a run then weighs on every case alike)."""
+    for r in range(rounds):
+        for case in cases if r % 2 == 0 else cases[::-1]:
+            yield r, case
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["result"]["first_s"])[len(runs) // 2]
 
@@ -338,15 +345,10 @@ def step_part(
     if args.today:
         cases.append(("fa4cache, compile-ahead off", "fa4cache", False))
     runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in cases}
-    for r in range(args.rounds):
-        for label, mode, ahead in cases if r % 2 == 0 else cases[::-1]:
-            res, _, st, ph = step_procs(
-                tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}-{r}"
-            )
-            runs[label].append(
-                {"result": res[0], "stats": st, "phases": ph, "tag": f"step-{mode}-{ahead}-{r}"}
-            )
-            print(f"round {r} cold step {label}: {res[0]['first_s']:.2f} s", flush=True)
+    for r, (label, mode, ahead) in alternating(cases, args.rounds):
+        res, _, st, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}-{r}")
+        runs[label].append({"result": res[0], "stats": st, "phases": ph, "tag": f"step-{mode}-{ahead}-{r}"})
+        print(f"round {r} cold step {label}: {res[0]['first_s']:.2f} s", flush=True)
     own = statistics.median(x["result"]["first_s"] for x in runs[cases[0][0]])
     rows, brk, timelines = [], [], []
     for label, _, _ in cases:
@@ -370,16 +372,15 @@ def step_part(
     # A warm process: the same step on the store the cold runs left.
     wruns: dict[str, list[float]] = {c[0]: [] for c in cases[:2]}
     servers: dict[str, int] = {c[0]: 0 for c in cases[:2]}
-    for r in range(args.rounds):
-        for label, mode, ahead in cases[:2] if r % 2 == 0 else cases[:2][::-1]:
-            tag = runs[label][0]["tag"]
-            res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True)
-            wruns[label].append(res[0]["first_s"])
-            servers[label] += sum(1 for p in ph if p["phase"] == "server_spawn")
-            print(
-                f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}",
-                flush=True,
-            )
+    for r, (label, mode, ahead) in alternating(cases[:2], args.rounds):
+        tag = runs[label][0]["tag"]
+        res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True)
+        wruns[label].append(res[0]["first_s"])
+        servers[label] += sum(1 for p in ph if p["phase"] == "server_spawn")
+        print(
+            f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}",
+            flush=True,
+        )
     wown = statistics.median(wruns[cases[0][0]])
     sections.append(
         (
@@ -416,16 +417,15 @@ def procs_part(
     n = args.procs
     cases = [("FA4's own cache", "fa4own"), ("fa4cache", "fa4cache")]
     out: dict[str, dict[str, list[float]]] = {c[0]: {"median": [], "wall": [], "compiles": []} for c in cases}
-    for r in range(args.rounds):
-        for label, mode in cases if r % 2 == 0 else cases[::-1]:
-            res, wall, st, _ = step_procs(tmp, n, mode, "varlen", args.seqlen, True, f"p{n}-{mode}-{r}")
-            out[label]["median"].append(statistics.median(x["first_s"] for x in res))
-            out[label]["wall"].append(wall)
-            out[label]["compiles"].append(st["compiles"] if st else sum(x["compiles"] for x in res))
-            print(
-                f"round {r} {n} procs {label}: median {out[label]['median'][-1]:.2f} s wall {wall:.2f} s",
-                flush=True,
-            )
+    for r, (label, mode) in alternating(cases, args.rounds):
+        res, wall, st, _ = step_procs(tmp, n, mode, "varlen", args.seqlen, True, f"p{n}-{mode}-{r}")
+        out[label]["median"].append(statistics.median(x["first_s"] for x in res))
+        out[label]["wall"].append(wall)
+        out[label]["compiles"].append(st["compiles"] if st else sum(x["compiles"] for x in res))
+        print(
+            f"round {r} {n} procs {label}: median {out[label]['median'][-1]:.2f} s wall {wall:.2f} s",
+            flush=True,
+        )
     own = {k: statistics.median(out[cases[0][0]][k]) for k in ("median", "wall")}
     rows = []
     for label, _ in cases:
