@@ -20,6 +20,8 @@ GPU (the H200 host, 16 cores; issue 53):
   * procs: ``--procs`` (8) cold processes on one host, FA4's own against fa4cache, alternating;
   * model: bench_transformers' packed Qwen3-shaped model (16 layers, d 128, 16K tokens), first
     training step on a fresh store against its slowest kernel's compile (warm -j 1, same run);
+  * fork: the step's backward compiled in process, in one forked child alone, and in forked
+    children at once (warm -j 1 / 2 / 4), alternating: where a child's compile loses time;
   * contention: K = 1, 2, 4 processes each compiling alone on its own store (the host's share);
   * imports: seconds to import torch and FA4 in a fresh process.
   Writes $OUT/cold_start_h200.{md,json} (OUT defaults to benchmarks/results).
@@ -553,6 +555,95 @@ def contention_part(
     )
 
 
+FORK_SPEC = [
+    "--head-dim",
+    "64",
+    "--heads",
+    "12:4",
+    "--mask",
+    "document",
+    "--varlen",
+    "--backward",
+    "--seqlen",
+    "6144",
+]
+
+
+def _warm_phases(store: Path, jobs: int, env: dict[str, str]) -> dict[str, list[float]]:
+    """``fa4cache warm -j jobs`` of the step's kernel set into ``store``: per kernel kind that
+    compiled, [trace s, codegen s, compile s (miss to publish)], from the phases and the store."""
+    phases = store.parent / f"phases-{time.time_ns()}.jsonl"
+    extra = {
+        "FA4CACHE_BENCH_PHASES": str(phases),
+        "PYTHONPATH": os.pathsep.join(x for x in (str(PHASES_DIR), env.get("PYTHONPATH", "")) if x),
+    }
+    cmd = [sys.executable, "-m", "fa4cache", "--cache-dir", str(store), "warm", *FORK_SPEC, "-j", str(jobs)]
+    p = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr[-3000:]}")
+    recorded = [json.loads(x) for x in phases.read_text().splitlines()] if phases.exists() else []
+    traces = [r for r in recorded if r["phase"] == "trace"]
+    codegens = [r for r in recorded if r["phase"] == "codegen"]
+    out: dict[str, list[float]] = {}
+    for t in traces:
+        name = t.get("name", "?")
+        kind = "bwd" if "bwd_sm" in name else "fwd" if "fwd_sm" in name else None
+        if kind is None:
+            continue
+        c = next((x for x in codegens if x["pid"] == t["pid"] and x["start"] >= t["end"] - 0.001), None)
+        out[kind] = [t["end"] - t["start"], (c["end"] - c["start"]) if c else float("nan")]
+    for kind, _, _, secs in store_spans(store, 0.0):
+        if kind in out:
+            out[kind].append(secs)
+    return out
+
+
+def fork_part(
+    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+) -> None:
+    """Why a compile server's child compiles a kernel slower than FA4's own process: the step's
+    backward (and forward) compiled (a) in the warm process alone (``-j 1``, one after the
+    other), (b) in one forked child alone (``-j 2`` on a store holding every kernel but the
+    backward), (c) in forked children all at once (``-j 4``), alternating, ``--rounds``."""
+    import shutil
+
+    env = env_with()
+    base = tmp / "fork-base"
+    base.mkdir()
+    _warm_phases(base / "store", 1, env)  # the store (b) starts from, less its backward
+    cases = ["in process, one at a time (-j 1)", "forked child, alone (-j 2, only bwd missing)",
+             "forked children, all at once (-j 4)"]  # fmt: skip
+    runs: dict[str, list[dict[str, list[float]]]] = {c: [] for c in cases}
+    for r, case in alternating(cases, args.rounds):
+        d = tmp / f"fork-{r}-{cases.index(case)}"
+        d.mkdir()
+        if case.startswith("forked child, alone"):
+            shutil.copytree(base / "store", d / "store")
+            for f in (d / "store").glob("v2/*/bwd/*"):
+                f.unlink()
+            got = _warm_phases(d / "store", 2, env)
+        else:
+            got = _warm_phases(d / "store", 1 if "-j 1" in case else 4, env)
+        runs[case].append(got)
+        print(f"fork {case}: {got}", flush=True)
+    rows = []
+    for case in cases:
+        for kind in ("fwd", "bwd"):
+            vals = [g[kind] for g in runs[case] if kind in g and len(g[kind]) == 3]
+            if not vals:
+                continue
+            rows.append([case, kind, *(statistics.median(v[i] for v in vals) for i in range(3)),
+                         " ".join(f"{v[2]:.2f}" for v in vals)])  # fmt: skip
+    data["fork"] = runs
+    sections.append(
+        (
+            "A kernel compiled in process, in a forked child alone, and in forked children at once "
+            f"(the step's kernel set, warm; median of {args.rounds}, alternating)",
+            table(["where", "kernel", "trace s", "codegen s", "compile s", "compile s, rounds"], rows),
+        )
+    )
+
+
 def gpu(args: argparse.Namespace) -> None:
     parts = set(args.parts.split(","))
     sections: list[tuple[str, str]] = []
@@ -561,6 +652,9 @@ def gpu(args: argparse.Namespace) -> None:
         tmp = Path(t)
         if "imports" in parts:
             imports_part(sections, data)
+            save("cold_start_h200", TITLE, sections, data)
+        if "fork" in parts:
+            fork_part(tmp, args, sections, data)
             save("cold_start_h200", TITLE, sections, data)
         if "contention" in parts:
             contention_part(tmp, args, sections, data)
