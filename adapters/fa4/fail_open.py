@@ -54,7 +54,7 @@ def failed(stage: Stage, error: BaseException, *, what: str = "", store: Any = N
         _warned.add((stage, cause))
     if store is not None:
         try:
-            store.count("fail_open")
+            store.counters.add("fail_open")
         except Exception:
             pass
     if first:
