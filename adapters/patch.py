@@ -221,7 +221,7 @@ def uninstall() -> None:
         release_thread_pending()
         runtime.unregister()
         inst.fold_hits()
-        inst.store.flush_counters()
+        inst.store.counters.flush()
         for p in reversed(inst.patches):
             for key in list(p.cache._pending):
                 p.cache.release_pending(key)

@@ -70,15 +70,15 @@ class Route:
             # A kernel set without a preceding miss (FA4 paths that compile without asking):
             # still persist it, but only if nobody else is publishing it right now.
             encoded, ref = cache.entry(key)
-            lock = store.acquire(ref.digest, timeout=0) if store.writable else None
+            lock = store.locks.acquire(ref.digest, timeout=0) if store.writable else None
             try:
                 self._export(cache, fn, ref, encoded, None)
             finally:
                 release(lock)
             return
         seconds = time.perf_counter() - pending.started
-        store.count("compiles", kind=cache.kind)
-        store.count("compile_seconds", seconds, kind=cache.kind)
+        store.counters.add("compiles", kind=cache.kind)
+        store.counters.add("compile_seconds", seconds, kind=cache.kind)
         self._export(cache, fn, pending.ref, pending.encoded, seconds)
 
     def _export(
@@ -91,7 +91,7 @@ class Route:
                 tvm_ffi = self.exporter(fn, staged)
             except Exception as e:
                 unlink_quiet(staged)
-                store.count("publish_errors")
+                store.counters.add("publish_errors")
                 log.warning(
                     "fa4cache: cannot export %s kernel (%s: %s); keeping it in memory only",
                     cache.kind,
@@ -115,7 +115,7 @@ class Route:
                 if published and store.settings.max_size is not None:
                     enforce_cap(store, store.settings.max_size)
         store.flush_touches()
-        store.flush_counters()
+        store.counters.flush()
 
     def fold_hits(self) -> None:
         for p in self.patches:

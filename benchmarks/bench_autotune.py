@@ -54,12 +54,12 @@ def main() -> None:
     kwargs = {"q": q, "k": k, "v": v, "causal": True}
     default = _default_config(fi, kwargs)
     candidates = [default, dataclasses.replace(default, tile_n=64)]
-    before = dict(store.counts())
+    before = dict(store.counters.counts())
     t0 = time.perf_counter()
     winner = autotune.tune_fwd_config(candidates, kwargs, compile_workers=4)
     tune_s = time.perf_counter() - t0
-    store.flush_counters()
-    after = store.counts()
+    store.counters.flush()
+    after = store.counters.counts()
     flops = 4 * B * H * T * T * D / 2  # causal: half the scores
     times: dict[str, list[float]] = {"default": [], "tuned": []}
     for _ in range(10):

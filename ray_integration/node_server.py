@@ -32,8 +32,8 @@ class NodeServer:
         art = self.store.serve(EntryRef(toolchain, kind, digest))
         if art is None:
             return None
-        self.store.count("served")
-        self.store.flush_counters()
+        self.store.counters.add("served")
+        self.store.counters.flush()
         return art.sidecar.to_bytes(), art.data
 
     def inventory(self) -> list[str]:

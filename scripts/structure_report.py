@@ -1,5 +1,6 @@
 """The import graph of fa4cache, in numbers: floors inside ``adapters/``, the largest module,
-class and function, import circles, upward imports and the CLI's reach into the adapters.
+class and function, import circles, upward imports, the CLI's reach into the adapters, and
+the public methods of ``Store``.
 
 Usage: python scripts/structure_report.py [--json]   (from the repository root)
 
@@ -137,6 +138,18 @@ def largest() -> dict[str, tuple[str, int]]:
     return best
 
 
+def public_methods(module: str, cls: str) -> list[str]:
+    """The public methods of class ``cls`` in ``module`` (those written in its body)."""
+    for node in ast.parse(modules()[module].read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return [
+                f.name
+                for f in node.body
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and not f.name.startswith("_")
+            ]
+    return []
+
+
 def reach(g: dict[str, set[str]], start: str, into: str) -> set[str]:
     """Modules under ``into`` that ``start``'s modules import, directly or not."""
     seen: set[str] = set()
@@ -164,6 +177,7 @@ def report() -> dict[str, object]:
         "import_circles": circles(g),
         "cli_imports_of_adapters_direct": sorted(direct),
         "cli_reach_into_adapters": len(reach(g, "fa4cache.cli", "fa4cache.adapters")),
+        "store_public_methods": public_methods("fa4cache.store.store", "Store"),
     }
 
 
@@ -188,6 +202,9 @@ def main() -> int:
         f"CLI -> adapters        {len(r['cli_imports_of_adapters_direct'])} direct, "  # type: ignore[arg-type]
         f"{r['cli_reach_into_adapters']} reached"
     )
+    methods = r["store_public_methods"]
+    assert isinstance(methods, list)
+    print(f"Store public methods   {len(methods)}: {' '.join(methods)}")
     return 0
 
 

@@ -228,17 +228,17 @@ def _help_while_held(call: tuple[Any, Any], ref: Any) -> None:
     """Blocked on another process's forward compile: compile the backward kernels of this
     call that nobody has started, until the forward is published."""
     store = runtime.installed_store()
-    if store is None or not store.held_by_other(ref.digest):
+    if store is None or not store.locks.held_by_other(ref.digest):
         return
     planned = _plan_backward(call)
     if not planned:
         return
     job, kernels = planned
     for k in kernels:
-        if not store.held_by_other(ref.digest):
+        if not store.locks.held_by_other(ref.digest):
             return
         try:
-            held = store.try_lock(k.digest)
+            held = store.locks.try_lock(k.digest)
         except OSError:
             return
         if held is None:
@@ -246,8 +246,8 @@ def _help_while_held(call: tuple[Any, Any], ref: Any) -> None:
         t0 = time.perf_counter()
         outcome = kernel_set.compile_one(job.run, k, held)
         if outcome == "compiled":
-            store.count("ahead_compiles")
-            store.count("ahead_saved_seconds", time.perf_counter() - t0)
+            store.counters.add("ahead_compiles")
+            store.counters.add("ahead_saved_seconds", time.perf_counter() - t0)
             log.info("fa4cache: compiled %s while waiting for another process's forward", k.kind)
 
 
@@ -262,7 +262,7 @@ def _count_saved(ref: Any, waited: float) -> None:
     side = store.read_sidecar(ref)
     seconds = getattr(side, "compile_seconds", None) if side is not None else None
     if seconds:
-        store.count("ahead_saved_seconds", max(0.0, float(seconds) - waited))
+        store.counters.add("ahead_saved_seconds", max(0.0, float(seconds) - waited))
 
 
 def _started(kind: str, digest: str) -> None:
@@ -344,7 +344,7 @@ def _after_forward(*, compiled: bool) -> None:
 
 def _misses() -> float:
     store = runtime.installed_store()
-    return store.counted("misses") if store is not None else 0
+    return store.counters.counted("misses") if store is not None else 0
 
 
 def _retire_server() -> None:

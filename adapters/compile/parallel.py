@@ -121,7 +121,7 @@ def confirm_present(cache_dir: str, results: list[dict[str, Any]]) -> set[str]:
         else:
             store.touch(art)
     store.flush_touches()
-    store.flush_counters()
+    store.counters.flush()
     return bad
 
 

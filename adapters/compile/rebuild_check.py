@@ -155,15 +155,15 @@ def rebuild_in_worker(task: Any, compile_task: Callable[[Any], dict[str, Any]]) 
     for ref in rep.different:
         verified[ref.digest] = "different"
         store.quarantine(ref, MISMATCH)
-        store.count("verify_mismatches")
+        store.counters.add("verify_mismatches")
     for ref, why in rep.not_rebuilt:
         verified[ref.digest] = f"not rebuilt: {why}"
     errors = "; ".join(str(e) for e in (out.get("errors") or {}).values()) or out.get("error")
     for digest in targets - set(verified):
         why = f"the rebuild failed: {errors}" if errors else "the call did not ask for this kernel here"
         verified[digest] = f"not rebuilt: {why}"
-    store.count("verified_hits", len(rep.identical) + len(rep.different))
-    store.flush_counters()
+    store.counters.add("verified_hits", len(rep.identical) + len(rep.different))
+    store.counters.flush()
     return {**out, "compiled": {}, "verified": verified}
 
 

@@ -173,7 +173,7 @@ def warm(
             if isinstance(g, GenerationCall):
                 start()
                 done(i, _generation_row(store, g))
-        store.flush_counters()
+        store.counters.flush()
     return WarmReport(
         target=plan.target,
         rows=tuple(rows[i] for i in sorted(rows)),
@@ -256,7 +256,7 @@ def _split_rows(
 
     def memory_hits() -> float:
         fold_all_hits()
-        return float(store.counts().get("memory_hits", 0))
+        return float(store.counters.counts().get("memory_hits", 0))
 
     with ahead_off():  # the plan is the set: no compile-ahead of kernels nobody asked for
         for i, job in enumerate(jobs):

@@ -3,7 +3,7 @@
 When the kernel set is known (a model's, ``fa4cache warm``'s specs), every rank (or every
 Ray node) runs ``fa4cache.warm(..., split=True)``, which calls :func:`compile_across`.
 It works over whichever remote tier the store has (the c10d tier of a torchrun job, the
-cluster tier of a Ray job): a claim is :meth:`~fa4cache.store.store.Store.try_claim`. Nothing is agreed in
+cluster tier of a Ray job): a claim is :meth:`~fa4cache.store.locks.StoreLocks.try_claim`. Nothing is agreed in
 advance and no collective is issued: the ranks *claim* kernels. Each walks the set from its
 own offset (``rank * K / world``), and claims a kernel by taking the node's file lock and the
 job-wide lease without waiting (:meth:`DistributedTier.acquire` with ``wait=0``); a kernel
@@ -64,9 +64,9 @@ def order(items: Sequence[T], rank: int, world: int) -> list[T]:
 
 def claim(store: Any, digest: str) -> Any | None:
     """The node lock and job lease of ``digest`` if both are free now, else None (the
-    store's :meth:`~fa4cache.store.store.Store.try_claim`). Never waits."""
+    store's :meth:`~fa4cache.store.locks.StoreLocks.try_claim`). Never waits."""
     try:
-        return store.try_claim(digest)
+        return store.locks.try_claim(digest)
     except OSError:
         return None
 
@@ -99,7 +99,7 @@ def compile_across(
         if compile_one(k, held) == "compiled":
             res.claimed += 1
             res.compiled[digest(k)] = time.perf_counter() - c0
-            store.count("split_compiles")
+            store.counters.add("split_compiles")
     res.later = len(later)
     for k in later:
         c0 = time.perf_counter()
@@ -108,7 +108,7 @@ def compile_across(
             res.compiled[digest(k)] = time.perf_counter() - c0
     res.compile_seconds = sum(res.compiled.values())
     res.seconds = time.perf_counter() - t0
-    store.flush_counters()
+    store.counters.flush()
     log.info(
         "fa4cache: kernel set of %d: compiled %d as this rank's share, %d more after others left them, "
         "%d from the job (%.1f s)",

@@ -151,7 +151,7 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
     """Run one warm item; what the store's counters say it did (compiles, kernels present,
     compile seconds), its wall time and its error, if any (one bad item must not stop the others)."""
     fold()
-    before = store.counts()
+    before = store.counters.counts()
     t0 = time.perf_counter()
     err = None
     try:
@@ -160,7 +160,7 @@ def counted(store: Any, fold: Callable[[], None], label: str, run: Callable[[], 
         err = f"{type(e).__name__}: {e}"
         log.warning("fa4cache warm: %s failed: %s", label, err)
     fold()
-    c = store.counts()
+    c = store.counters.counts()
     unsaved = int(c.get("publish_errors", 0) - before.get("publish_errors", 0))
     if unsaved and err is None:
         # Compiled but not stored (a full disk, say): the item did not do its job.

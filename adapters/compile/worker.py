@@ -134,7 +134,7 @@ def _run_task(task: CompileTask) -> dict[str, Any]:
         _say(f"STARTED {k.kind} {k.digest}")
         # What the store counts as this kernel's compile seconds (miss to publish), so that
         # warm's table and `fa4cache stats` give one number.
-        before = store.counted("compile_seconds")
+        before = store.counters.counted("compile_seconds")
         t0 = time.time()
         try:
             outcome = kernel_set.compile_one(jobs[i].run, k, held)
@@ -142,10 +142,10 @@ def _run_task(task: CompileTask) -> dict[str, Any]:
             errors.setdefault(i, f"{type(e).__name__}: {e}")
             return
         if outcome == "compiled":
-            compiled[k.digest] = store.counted("compile_seconds") - before
+            compiled[k.digest] = store.counters.counted("compile_seconds") - before
             spans[k.digest] = (k.kind, t0, time.time())
             if task.ahead:
-                store.count("ahead_compiles")
+                store.counters.add("ahead_compiles")
 
     for i, k in todo:
         if present(k):
@@ -153,7 +153,7 @@ def _run_task(task: CompileTask) -> dict[str, Any]:
         try:
             # The node's lock, and in a job the job-wide lease: a kernel another node is
             # compiling, or has published, is left to the miss path (which fetches it).
-            held = store.try_claim(k.digest)
+            held = store.locks.try_claim(k.digest)
         except OSError:
             held = None  # unlockable: compile without single-flight, as the miss path would
         else:
@@ -165,7 +165,7 @@ def _run_task(task: CompileTask) -> dict[str, Any]:
         for i, k in left:
             if not present(k):
                 compile_it(i, k, None)  # waits on the holder's lock, then loads or compiles
-    store.flush_counters()
+    store.counters.flush()
     return {
         "jobs": planned,
         "compiled": compiled,
@@ -201,7 +201,7 @@ def fork_child(task: CompileTask, *, progress: bool = True) -> tuple[int, int]:
         die_with_parent()
         store = runtime.installed_store()
         if store is not None:  # counters are per process: the parent's would not persist here
-            store.fresh_counters()
+            store.counters.fresh()
         out = run_task(task)
         if store is not None:
             store.flush_touches()

@@ -238,7 +238,7 @@ class Winners:
         # Single flight: other processes of this node (and, with a remote tier, of the job)
         # wait for this tuning instead of repeating it, then load its winner.
         try:
-            lock = store.acquire(ref.digest)
+            lock = store.locks.acquire(ref.digest)
         except Exception as e:
             fail_open.failed(Stage.LOCK, e, what=WHAT, store=store)
             lock = None
@@ -275,9 +275,9 @@ class Winners:
                 )
             return None
         try:
-            store.count("disk_hits", kind=KIND)
+            store.counters.add("disk_hits", kind=KIND)
             store.touch(art)
-            store.flush_counters(throttle=1.0)
+            store.counters.flush(throttle=1.0)
         except Exception as e:  # bookkeeping only: the winner is known
             fail_open.failed(Stage.STORE_WRITE, e, what="the store's use records", store=store)
         log.info(
@@ -312,7 +312,7 @@ class Winners:
                 tvm_ffi=False,  # not an object file
             )
             store.flush_touches()
-            store.flush_counters()
+            store.counters.flush()
         except Exception as e:
             fail_open.failed(Stage.STORE_WRITE, e, what=WHAT, store=store)
 

@@ -149,7 +149,7 @@ class StoreCompileCache:
     def __setitem__(self, key: Any, fn: Any) -> None:
         self.cache[key] = fn
         if self._kept_in_memory(key):
-            self._inst.store.count("memory_only_compiles")
+            self._inst.store.counters.add("memory_only_compiles")
             return
         pending = self._pending.pop(key, None)
         try:
@@ -190,7 +190,7 @@ class StoreCompileCache:
         n = self.memory_hits - self._folded_hits
         if n:
             self._folded_hits += n
-            self._inst.store.count_memory_hits(self.kind, n)
+            self._inst.store.counters.add_memory_hits(self.kind, n)
 
     # -- miss path ------------------------------------------------------------------
     def entry(self, key: Any) -> tuple[str, EntryRef]:
@@ -235,7 +235,7 @@ class StoreCompileCache:
         if lock is None:
             events.notify(MissEvent(MissStage.WAITING, self.kind, key, ref))
             try:
-                lock = store.acquire(ref.digest)
+                lock = store.locks.acquire(ref.digest)
             except Exception as e:
                 # No lock: this process compiles without waiting for others (at worst a
                 # kernel compiled twice) and still publishes atomically.
@@ -246,7 +246,7 @@ class StoreCompileCache:
             release(lock)
             events.notify(MissEvent(MissStage.LOADED, self.kind, key, ref, time.perf_counter() - t0))
             return True
-        store.count("misses")
+        store.counters.add("misses")
         names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
         # warm compiles on purpose (ahead_off): its misses are no news, and no unexpected compile.
         on_purpose = ahead_is_off()
@@ -287,7 +287,7 @@ class StoreCompileCache:
         except Exception as e:
             # Verified bytes that do not load: most often the loader's own trouble (out of
             # memory, a driver error), so a miss, never a quarantine.
-            store.count("load_errors")
+            store.counters.add("load_errors")
             log.warning(
                 "fa4cache: cannot load %s entry %s (%s: %s); recompiling",
                 ref.kind,
@@ -298,10 +298,10 @@ class StoreCompileCache:
             return False
         self.cache[key] = fn
         try:
-            store.count("disk_hits", kind=self.kind)
-            store.count("load_seconds", time.perf_counter() - t0)
+            store.counters.add("disk_hits", kind=self.kind)
+            store.counters.add("load_seconds", time.perf_counter() - t0)
             store.touch(art)
-            store.flush_counters(throttle=1.0)
+            store.counters.flush(throttle=1.0)
         except Exception as e:  # bookkeeping only: the kernel is loaded
             fail_open.failed(Stage.STORE_WRITE, e, what="the store's use records", store=store)
         return True

@@ -54,7 +54,7 @@ def failed(stage: Stage, error: BaseException, *, what: str = "", store: Any = N
         _warned.add((stage, cause))
     if store is not None:
         try:
-            store.count("fail_open")
+            store.counters.add("fail_open")
         except Exception:
             pass
     if first:
@@ -69,9 +69,3 @@ def failed(stage: Stage, error: BaseException, *, what: str = "", store: Any = N
         )
     else:
         log.debug("fa4cache: %s failed again (%s: %s)", stage.value, cause, error)
-
-
-def reset_warnings() -> None:
-    """Forget which warnings were given (tests)."""
-    with _lock:
-        _warned.clear()

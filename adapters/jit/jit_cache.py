@@ -325,7 +325,7 @@ class JitState:
             if not self._warned:
                 self._warned = True
                 log.warning("fa4cache: %s compiles in memory only, never stored: %s", self.qualified, e)
-            store.count("memory_only_compiles")
+            store.counters.add("memory_only_compiles")
             warmth.check(self.kind, f"its code cannot be keyed, so it is never stored ({e})")
             return self._memory_only(key, args, kwargs)
         except UnstableKeyError:
@@ -383,7 +383,7 @@ class JitState:
         n = self.hits - self._folded
         if n:
             self._folded += n
-            store.count_memory_hits(self.kind, n)
+            store.counters.add_memory_hits(self.kind, n)
         for sc in self._caches.values():
             sc.fold_hits()
 

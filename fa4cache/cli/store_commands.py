@@ -352,7 +352,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print("nothing removed")
             return 1
     rep = apply_prune(store, plan)
-    store.flush_counters()
+    store.counters.flush()
     if args.json:
         return _report_json(rep, store, dry_run=False)
     remaining = list(store.entries())

@@ -13,9 +13,12 @@ computed on the device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fa4cache.extras import triton_runs_on
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 _ONE_RUN = (
     "fa4cache: a KV-cache step's attention_mask must be one run of tokens per row "
@@ -120,7 +123,7 @@ def key_ranges_triton(
     return cu, used
 
 
-def chunks(cu: Any, used: Any, splits: int, chunk: int) -> tuple[Any, Any]:
+def chunks(cu: Tensor, used: Tensor, splits: int, chunk: int) -> tuple[Tensor, Tensor]:
     """Unsplit ``(cu_seqlens_k, seqused_k)`` of ``n`` sequences as ``splits * n`` chunk
     sequences, chunk-major (the PyTorch form of the Triton kernel's ``SPLITS``; split-KV decoding, :mod:`.split_kv`): chunk ``j``
     starts ``j * chunk`` keys into its sequence's run (at the run's end once past it) and

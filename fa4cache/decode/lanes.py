@@ -4,10 +4,13 @@ layers of its kind in the step, which then launch without the plan's lookups."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .plan import ALIGNMENT
 from .step_ranges import _shareable, _tensor_key
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _inputs(
@@ -42,7 +45,7 @@ class _Lane:
     __slots__ = ("inputs", "src", "src_key", "checked", "cu", "used", "replay", "others")
 
     def __init__(
-        self, inputs: tuple[Any, ...], src: Any, checked: bool, cu: Any, used: Any, replay: Any
+        self, inputs: tuple[Any, ...], src: Tensor, checked: bool, cu: Tensor, used: Tensor, replay: Any
     ) -> None:
         self.inputs, self.src, self.src_key, self.checked = (
             inputs,
@@ -53,7 +56,7 @@ class _Lane:
         self.cu, self.used, self.replay = cu, used, replay
         self.others = (cu.data_ptr(), used.data_ptr())
 
-    def launch(self, q: Any, k: Any, v: Any, out: Any) -> None:
+    def launch(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> None:
         self.replay.launch((q, k, v, out, self.cu, self.used))
 
     def serves(

@@ -25,7 +25,10 @@ is :func:`.choose.choose`'s answer.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Where FA4 runs (the CPU tests add "cpu": FA4 is a stand-in there, and SDPA is real).
 DEVICE_TYPES = ("cuda",)
@@ -116,13 +119,13 @@ def mask_for_all_tokens(
     return mask
 
 
-def takes(query: Any, key: Any, value: Any) -> bool:
+def takes(query: Tensor, key: Tensor, value: Tensor) -> bool:
     """Whether SDPA's grouped-query call serves these shapes as transformers' sdpa would
     (equal query and value head dims up to :data:`MAX_HEAD_DIM`)."""
     return query.shape[-1] == value.shape[-1] <= MAX_HEAD_DIM and key.shape[-1] == query.shape[-1]
 
 
-def forward(query: Any, key: Any, value: Any, scale: float) -> Any:
+def forward(query: Tensor, key: Tensor, value: Tensor, scale: float) -> Tensor:
     """``[1, 1, Hq, Dv]`` for ``query [1, Hq, 1, D]`` over every key of ``key``/``value``
     ``[1, Hkv, Tk, D]``: the call transformers' sdpa makes for this step (grouped heads
     without copies of the keys)."""

@@ -21,10 +21,13 @@ windows (a chunk's query would not see its window), or at more than one query.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import launch, step_ranges
 from .plan import SCALARS
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Fewer keys: the unsplit call is already short (the split's two extra launches cost more).
 MIN_KEYS = 1024
@@ -59,7 +62,7 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
+def combine(parts: Tensor, lse: Tensor, out: Tensor, splits: int) -> None:
     """Write into ``out`` (``[n, 1, g, Dv]``) the attention over every chunk, from each
     chunk's output ``parts`` (``[S * n, 1, g, Dv]``, chunk-major) and log-sum-exp ``lse``
     (``[S * n, g, 1]``, float32; -inf for a chunk without keys): the chunks' outputs weighed
@@ -92,7 +95,7 @@ def combine(parts: Any, lse: Any, out: Any, splits: int) -> None:
 
 
 def forward(
-    q: Any, k: Any, v: Any, out: Any, attention_mask: Any, position_ids: Any, batch: int, heads_kv: int,
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, attention_mask: Any, position_ids: Any, batch: int, heads_kv: int,
     keys: int, split: tuple[int, int], scalars: tuple[Any, ...], check: bool,
 ) -> None:  # fmt: skip
     """One decode call (``q [n, 1, g, D]``, writing ``out [n, 1, g, Dv]``) split in chunks

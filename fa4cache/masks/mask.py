@@ -7,9 +7,12 @@ import operator
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fa4cache.masks.intervals import BIG  # noqa: F401  (re-exported for the mask builders)
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Aux tensors are padded to this many rows past the sequence end: kernels may
 # evaluate the mask for out-of-range rows of the last tile before discarding them.
@@ -139,7 +142,7 @@ class AttentionMask(Mapping[str, Any]):
             )
         return self.varlen.kwargs()
 
-    def dense(self) -> Any:
+    def dense(self) -> Tensor:
         """Boolean ``[B, T, T]`` tensor: ``True`` where query row may attend to key column."""
         import torch
 
@@ -222,7 +225,7 @@ def check_int32(x: Any, name: str) -> None:
         raise ValueError(f"{name}: values do not fit in int32")
 
 
-def pad_rows(t: Any, value: int) -> Any:
+def pad_rows(t: Tensor, value: int) -> Tensor:
     import torch
 
     return torch.nn.functional.pad(t, (0, ROW_PAD), value=value).contiguous()

@@ -21,11 +21,14 @@ Python interface is not traceable. transformers models avoid the break through
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fa4cache.errors import quiet_library_warnings
 from fa4cache.masks.mask import AttentionMask
 from fa4cache.validate import positive_number
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _first(x: Any) -> Any:
@@ -33,15 +36,15 @@ def _first(x: Any) -> Any:
 
 
 def attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     mask: AttentionMask,
     *,
     softmax_scale: float | None = None,
     softcap: float | None = None,
     dense: bool = False,
-) -> Any:
+) -> Tensor:
     """Attention of ``q`` ``[B, T, Hq, D]`` over ``k``/``v`` ``[B, T, Hkv, D]`` under ``mask``.
 
     ``softcap``: logit softcapping, ``cap * tanh(scores / cap)`` before the softmax (Gemma
@@ -115,7 +118,7 @@ def _check_inputs(q: Any, k: Any, v: Any) -> None:
         )
 
 
-def _kv_for_backward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+def _kv_for_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """FA4's backward refuses GQA when the value head dim differs from q/k's (192/128,
     say): there, k/v are expanded to q's heads (their gradients summed back by autograd),
     which is exact and costs the expansion; elsewhere they are returned as they are."""

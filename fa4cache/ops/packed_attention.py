@@ -15,11 +15,14 @@ run their shape functions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import varlen_calls
 from .step_mask import SOURCES, step_mask
 from .varlen_calls import flat_tokens
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _mask(q: Any, source: Any, kind: str, causal: bool, window: int | None, max_seqlen: int | None) -> Any:
@@ -29,7 +32,7 @@ def _mask(q: Any, source: Any, kind: str, causal: bool, window: int | None, max_
     return step_mask(batch=B, seqlen=T, causal=causal, window=window, max_seqlen=max_seqlen, **{kind: source})
 
 
-def _laid_out_like(g: Any, flat: Any) -> Any:
+def _laid_out_like(g: Tensor, flat: Tensor) -> Tensor:
     """``g`` with the strides of ``empty_like(flat)``: what FA4 allocates, and what the
     shape functions promise the compiler (a compiled graph reads outputs by those strides)."""
     if g.stride() == flat.stride():
@@ -40,17 +43,17 @@ def _laid_out_like(g: Any, flat: Any) -> Any:
 
 
 def forward(
-    q: Any,
-    k: Any,
-    v: Any,
-    source: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    source: Tensor,
     kind: str,
     causal: bool,
     window: int | None,
     softmax_scale: float,
     softcap: float,
     max_seqlen: int | None,
-) -> tuple[Any, Any]:
+) -> tuple[Tensor, Tensor]:
     """``(out [B, T, Hq, Dv], lse [Hq, B * T])`` for ``q`` ``[B, T, Hq, D]``; ``softcap``
     0 for none."""
     mask = _mask(q, source, kind, causal, window, max_seqlen)
@@ -61,20 +64,20 @@ def forward(
 
 
 def backward(
-    dout: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    source: Any,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    source: Tensor,
     kind: str,
     causal: bool,
     window: int | None,
     softmax_scale: float,
     softcap: float,
     max_seqlen: int | None,
-) -> tuple[Any, Any, Any]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)``, shaped as ``q``, ``k``, ``v``."""
     mask = _mask(q, source, kind, causal, window, max_seqlen)
     flat = [flat_tokens(t) for t in (q, k, v)]

@@ -17,10 +17,13 @@ host.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
-def add_sequences_(dst: Any, src: Any, cu_seqlens: Any, seqused: Any = None) -> Any:
+def add_sequences_(dst: Tensor, src: Tensor, cu_seqlens: Tensor, seqused: Tensor | None = None) -> Tensor:
     """Add ``src`` into ``dst`` (``[tokens, heads, dim]``, same shape) on the rows of the
     sequences ``[cu_seqlens[i], cu_seqlens[i] + len_i)``, ``len_i`` from ``seqused`` or
     the ``cu_seqlens`` differences. Returns ``dst``."""
@@ -62,7 +65,7 @@ def _rows_inside(n: int, cu_seqlens: Any, seqused: Any) -> Any:
     return (rows >= start) & (rows < start + length)
 
 
-def _torch_masked(src: Any, inside: Any) -> Any:
+def _torch_masked(src: Tensor, inside: Tensor) -> Tensor:
     import torch
 
     # where, not a product: rows outside may hold nan or inf.
@@ -71,7 +74,7 @@ def _torch_masked(src: Any, inside: Any) -> Any:
     )
 
 
-def _launch(dst: Any, src: Any, cu_seqlens: Any, seqused: Any) -> None:
+def _launch(dst: Tensor, src: Tensor, cu_seqlens: Tensor, seqused: Tensor | None) -> None:
     import triton
 
     from . import sequence_add_triton as kernels

@@ -76,10 +76,18 @@ _KIND = re.compile(r"[a-z0-9][a-z0-9_.]{0,63}")
 
 
 class Counters:
-    """Counters of one process for one store directory."""
+    """Counters of one process for one store directory: the store's counters part
+    (``store.counters``). ``served`` answers how many copies other nodes fetched from this
+    process since it was last asked (a remote tier's count): every unthrottled flush adds it."""
 
-    def __init__(self, stats_dir: Path | None) -> None:
+    def __init__(self, stats_dir: Path | None, served: Callable[[], int] | None = None) -> None:
         self.stats_dir = stats_dir
+        self._served = served
+        self._start()
+        if stats_dir is not None:
+            atexit.register(self.flush)
+
+    def _start(self) -> None:
         self.values: dict[str, float] = dict.fromkeys(FIELDS, 0)
         self.by_kind: dict[str, dict[str, float]] = {}
         self.host = socket.gethostname()
@@ -95,8 +103,11 @@ class Counters:
         self._last_flush = time.monotonic()
         self._dirty = False
         self._failed = False
-        if stats_dir is not None:
-            atexit.register(self.flush)
+
+    def fresh(self) -> None:
+        """Start counting anew in this process (a forked worker: its parent counts its own),
+        into a file of its own; the store's tiers and locks count here too."""
+        self._start()
 
     @property
     def path(self) -> Path | None:
@@ -117,6 +128,14 @@ class Counters:
         # folded in here only when a snapshot is taken.
         if n:
             self.add("memory_hits", n, kind=kind)
+
+    def counted(self, field: str) -> float:
+        """This process's count of ``field`` so far."""
+        return self.values.get(field, 0.0)
+
+    def counts(self) -> dict[str, float]:
+        """A copy of this process's counters."""
+        return dict(self.values)
 
     def snapshot(self) -> dict[str, Any]:
         """What :meth:`flush` persists. In a ``fa4cache warm`` process (:func:`mark_warm_process`)
@@ -144,7 +163,12 @@ class Counters:
         }
 
     def flush(self, *, throttle: float = 0.0) -> None:
-        """Persist the counters; with ``throttle``, skip if flushed less than that many seconds ago."""
+        """Persist the counters; with ``throttle``, skip if flushed less than that many seconds
+        ago. An unthrottled flush first adds what the remote tier served (``served``)."""
+        if not throttle and self._served is not None:
+            n = self._served()
+            if n:
+                self.add("served", n)
         if self.stats_dir is None or self._failed or (self.pid != os.getpid()):
             return
         for hook in tuple(_before_flush):

@@ -4,6 +4,10 @@ A lock is held from a miss to the publish of its kernel, so N processes that mis
 same key compile it once. A lock path that is not a regular file of ours (a directory,
 a link, another user's file) is never opened: the key is treated as unlockable, which
 costs single-flight for that key, never a crash or a hang.
+
+:class:`KeyLocks` are the lock files; :class:`StoreLocks` is the store's locks part
+(``store.locks``), what callers take: it fails open, counts waits, and adds a job's
+compile lease where the store has a remote tier.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .secure_io import my_uid
+
+if TYPE_CHECKING:
+    from .counters import Counters
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +113,109 @@ class KeyLocks:
             return True
         release(lk)
         return False
+
+
+class Leases(Protocol):
+    """What the locks need of a remote tier (:class:`~fa4cache.store.tiers.RemoteTier`): a
+    key's job-wide compile lease."""
+
+    def active(self) -> bool: ...
+
+    def acquire(self, digest: str, wait: float) -> bool: ...
+
+    def release(self, digest: str) -> None: ...
+
+
+class StoreLocks:
+    """The store's per-key locks, as its callers take them (``store.locks``): the node's
+    lock file of a key and, where the store has a remote tier, the job-wide compile lease."""
+
+    def __init__(
+        self,
+        keys: KeyLocks,
+        counters: Counters,
+        remote: Leases | None,
+        *,
+        writable: bool,
+        timeout: float,
+        warn: Callable[[str, str], None],
+    ) -> None:
+        self.keys, self._counters, self._remote = keys, counters, remote
+        self._writable, self._timeout, self._warn = writable, timeout, warn
+
+    def acquire(self, digest: str, *, timeout: float | None = None) -> Any | None:
+        """Hold the key's lock, waiting for another holder (most likely compiling this
+        very kernel) up to the lock timeout. None when no lock can be had: read-only
+        store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
+        t0 = time.monotonic()
+        lk = self._acquire_local(digest, timeout=timeout)
+        if lk is None or self._remote is None:
+            return lk
+        # The node's lock is held: other processes here wait on it. Now the job-wide
+        # lease (or a wait for the node that holds it), in what is left of the one wait;
+        # True means this process compiles.
+        wait = (self._timeout if timeout is None else timeout) - (time.monotonic() - t0)
+        return _LeasedLock(lk, self._remote, digest) if self._remote.acquire(digest, max(wait, 0.0)) else lk
+
+    def try_lock(self, digest: str) -> Any | None:
+        """The key's node lock if free now, else None; OSError if it cannot be used at all."""
+        return self.keys.try_lock(digest)
+
+    def try_claim(self, digest: str) -> Any | None:
+        """The key's node lock and, in a job, its job-wide lease, if both are free now
+        (releasing the lock ends both); else None. Never waits: a kernel set split across
+        a job's nodes claims what nobody holds and leaves the rest for later. OSError if
+        the node's lock cannot be used at all (as :meth:`try_lock`)."""
+        lk = self.keys.try_lock(digest)
+        if lk is None or self._remote is None or not self._remote.active():
+            return lk
+        if self._remote.acquire(digest, 0):
+            return _LeasedLock(lk, self._remote, digest)
+        release(lk)
+        return None
+
+    def held_by_other(self, digest: str) -> bool:
+        """Whether another process holds the key's node lock (most likely compiling it)."""
+        return self.keys.held_by_other(digest)
+
+    def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
+        if not self._writable:
+            return None
+        try:
+            lk = self.keys.try_lock(digest)
+            if lk is not None:
+                return lk
+            timeout = self._timeout if timeout is None else timeout
+            res = self.keys.wait(digest, timeout)
+        except OSError as e:
+            self._warn(
+                "lock", f"fa4cache: cannot lock key {digest[:16]} ({e}); compiling without single-flight"
+            )
+            return None
+        self._counters.add("lock_waits")
+        self._counters.add("lock_wait_seconds", res.waited)
+        if res.timed_out:
+            self._counters.add("lock_timeouts")
+            log.warning(
+                "fa4cache: another process held the lock of %s for %.0f s; not waiting longer: compiling "
+                "without it (raise FA4CACHE_LOCK_TIMEOUT if compiles take this long)",
+                digest[:16],
+                timeout,
+            )
+        return res.lock
+
+
+class _LeasedLock:
+    """A key's node lock plus its cluster lease: releasing it (:func:`release`) ends both."""
+
+    def __init__(self, lock: Any, remote: Leases, digest: str) -> None:
+        self.lock, self.remote, self.digest = lock, remote, digest
+
+    def release(self, force: bool = False) -> None:
+        try:
+            self.lock.release(force=force)
+        finally:
+            self.remote.release(self.digest)
 
 
 def release(lock: Any) -> None:

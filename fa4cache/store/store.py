@@ -26,8 +26,8 @@ from fa4cache.fingerprint import load_problem
 from fa4cache.settings import Settings
 from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
-from . import counters as _counters
-from .locks import KeyLocks, release
+from .counters import Counters
+from .locks import KeyLocks, StoreLocks
 from .remote import named_tier
 from .root import open_root, readable_root, usable_base
 from .secure_io import (
@@ -60,10 +60,16 @@ class Received:
 class Store:
     """A store directory plus optional read-only base stores.
 
+    Two named parts do the rest: ``store.counters`` (:class:`~fa4cache.store.counters.Counters`:
+    ``add``, ``counted``, ``counts``, ``flush``, ``fresh``) and ``store.locks``
+    (:class:`~fa4cache.store.locks.StoreLocks`: ``acquire``, ``try_lock``, ``try_claim``,
+    ``held_by_other``).
+
     Example::
 
         store = Store()                       # FA4CACHE_DIR or ~/.cache/fa4cache
         art = store.load(ref)                 # verified bytes, or None on a miss
+        store.counters.add("disk_hits", kind=ref.kind)
     """
 
     def __init__(self, settings: Settings | None = None, **options: Any) -> None:
@@ -75,8 +81,9 @@ class Store:
         self._cleaned: set[Path] = set()
         self.root, self.writable = open_root(self.settings, self._warn_once)
         self.layout = Layout(self.root)
-        self.locks = KeyLocks(self.layout.locks_dir)
-        self.counters = _counters.Counters(self.layout.stats_dir if self.writable else None)
+        self.remote: RemoteTier | None = None  # built below; the counters ask it what it served
+        self.counters = Counters(self.layout.stats_dir if self.writable else None, served=self._served)
+        keys = KeyLocks(self.layout.locks_dir)
         if self.writable:
             import atexit
 
@@ -90,17 +97,20 @@ class Store:
             )
             if b is not None
         )
-        self.local = LocalDir(self.root, self._report, self.locks, self.counters) if self.writable else None
+        self.local = LocalDir(self.root, self._report, keys, self.counters) if self.writable else None
         # A store this process cannot write (a read-only mount, a copy shared read-only) still
         # serves what it holds, read as a base is: never written, repaired or locked.
         self._read_only_root = not self.writable and readable_root(self.root)
-        self.remote: RemoteTier | None = self._remote_tier()
+        self.remote = self._remote_tier()
         self.tiers: tuple[Tier, ...] = self._build_tiers()
-        if self.remote is not None:
-            import atexit
-
-            # Registered after the counters' own exit flush, so it runs before it.
-            atexit.register(self._fold_served)
+        self.locks = StoreLocks(
+            keys,
+            self.counters,
+            self.remote,
+            writable=self.writable,
+            timeout=self.settings.lock_timeout,
+            warn=self._warn_once,
+        )
 
     @classmethod
     def at(cls, cache_dir: str | os.PathLike[str], **options: Any) -> Store:
@@ -146,39 +156,10 @@ class Store:
             self._warned.add(tag)
             log.warning(message)
 
-    # ------------------------------------------------------------------ counting
-
-    def count(self, field: str, amount: float = 1, *, kind: str | None = None) -> None:
-        """Add to this process's counter ``field`` (persisted at the next flush)."""
-        self.counters.add(field, amount, kind=kind)
-
-    def count_memory_hits(self, kind: str, n: int) -> None:
-        self.counters.add_memory_hits(kind, n)
-
-    def counted(self, field: str) -> float:
-        """This process's count of ``field`` so far."""
-        return self.counters.values.get(field, 0.0)
-
-    def counts(self) -> dict[str, float]:
-        """A copy of this process's counters."""
-        return dict(self.counters.values)
-
-    def flush_counters(self, *, throttle: float = 0.0) -> None:
-        if not throttle:
-            self._fold_served()
-        self.counters.flush(throttle=throttle)
-
-    def _fold_served(self) -> None:
+    def _served(self) -> int:
         # Kernels other nodes fetched from this one's uploads (a tier that serves through
         # the job's own store counts them there, not in a server of ours).
-        if self.remote is not None:
-            n = self.remote.served_since_last()
-            if n:
-                self.counters.add("served", n)
-
-    def fresh_counters(self) -> None:
-        """Start counting anew in this process (a forked worker: its parent counts its own)."""
-        self.counters = _counters.Counters(self.layout.stats_dir if self.writable else None)
+        return self.remote.served_since_last() if self.remote is not None else 0
 
     # ------------------------------------------------------------------ entries
 
@@ -193,69 +174,6 @@ class Store:
     def has(self, ref: EntryRef) -> bool:
         """Whether this store's directory holds ``ref`` (its sidecar, written last, exists)."""
         return self.layout.sidecar_path(ref).exists()
-
-    # ------------------------------------------------------------------ locks
-
-    def acquire(self, digest: str, *, timeout: float | None = None) -> Any | None:
-        """Hold the key's lock, waiting for another holder (most likely compiling this
-        very kernel) up to the lock timeout. None when no lock can be had: read-only
-        store, unusable lock file, or the wait timed out (the caller compiles anyway)."""
-        t0 = time.monotonic()
-        lk = self._acquire_local(digest, timeout=timeout)
-        if lk is None or self.remote is None:
-            return lk
-        # The node's lock is held: other processes here wait on it. Now the job-wide
-        # lease (or a wait for the node that holds it), in what is left of the one wait;
-        # True means this process compiles.
-        wait = (self.settings.lock_timeout if timeout is None else timeout) - (time.monotonic() - t0)
-        return _LeasedLock(lk, self.remote, digest) if self.remote.acquire(digest, max(wait, 0.0)) else lk
-
-    def try_lock(self, digest: str) -> Any | None:
-        """The key's node lock if free now, else None; OSError if it cannot be used at all."""
-        return self.locks.try_lock(digest)
-
-    def try_claim(self, digest: str) -> Any | None:
-        """The key's node lock and, in a job, its job-wide lease, if both are free now
-        (releasing the lock ends both); else None. Never waits: a kernel set split across
-        a job's nodes claims what nobody holds and leaves the rest for later. OSError if
-        the node's lock cannot be used at all (as :meth:`try_lock`)."""
-        lk = self.locks.try_lock(digest)
-        if lk is None or self.remote is None or not self.remote.active():
-            return lk
-        if self.remote.acquire(digest, 0):
-            return _LeasedLock(lk, self.remote, digest)
-        release(lk)
-        return None
-
-    def held_by_other(self, digest: str) -> bool:
-        """Whether another process holds the key's node lock (most likely compiling it)."""
-        return self.locks.held_by_other(digest)
-
-    def _acquire_local(self, digest: str, *, timeout: float | None) -> Any | None:
-        if not self.writable:
-            return None
-        try:
-            lk = self.locks.try_lock(digest)
-            if lk is not None:
-                return lk
-            timeout = self.settings.lock_timeout if timeout is None else timeout
-            res = self.locks.wait(digest, timeout)
-        except OSError as e:
-            self._warn_once(
-                "lock", f"fa4cache: cannot lock key {digest[:16]} ({e}); compiling without single-flight"
-            )
-            return None
-        self.counters.add("lock_waits")
-        self.counters.add("lock_wait_seconds", res.waited)
-        if res.timed_out:
-            self.counters.add("lock_timeouts")
-            log.warning(
-                "fa4cache: another process held the lock of %s for %.0f s; not waiting longer: compiling "
-                "without it (raise FA4CACHE_LOCK_TIMEOUT if compiles take this long)",
-                digest[:16],
-                timeout,
-            )
-        return res.lock
 
     # ------------------------------------------------------------------ read path
 
@@ -535,16 +453,3 @@ def _origin() -> dict[str, Any]:
         "pid": os.getpid(),
         "fa4cache": __version__,
     }
-
-
-class _LeasedLock:
-    """A key's node lock plus its cluster lease: releasing it (``locks.release``) ends both."""
-
-    def __init__(self, lock: Any, remote: RemoteTier, digest: str) -> None:
-        self.lock, self.remote, self.digest = lock, remote, digest
-
-    def release(self, force: bool = False) -> None:
-        try:
-            self.lock.release(force=force)
-        finally:
-            self.remote.release(self.digest)

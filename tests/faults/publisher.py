@@ -26,7 +26,7 @@ while True:
     ref = EntryRef(TC, rng.choice(["fwd", "bwd"]), rng.choice(digests))
     op = rng.random()
     if op < 0.6:
-        lk = store.acquire(ref.digest)
+        lk = store.locks.acquire(ref.digest)
         try:
             staged = store.staging_path(ref)
             assert staged is not None

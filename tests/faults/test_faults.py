@@ -298,7 +298,7 @@ def _seeded_store(doc_store: dict[str, Any], root: Path) -> tuple[Store, EntryRe
     src = _artifact(doc_store)
     store = Store.at(root)
     ref = EntryRef("cd" * 10, "fwd", "e" * 64)
-    lk = store.acquire(ref.digest)
+    lk = store.locks.acquire(ref.digest)
     staged = store.staging_path(ref)
     assert staged is not None
     shutil.copyfile(src, staged)

@@ -174,7 +174,7 @@ def _fault(stage: str | None, store: Any) -> Any:
     if stage == "key encoding":
         return _set(routed, "shape_class", raise_(UnstableKeyError("injected")))
     if stage == "lock":
-        return _set(store, "acquire", raise_(OSError("injected")))
+        return _set(store.locks, "acquire", raise_(OSError("injected")))
     if stage == "store write":
         return _set(store, "publish_bytes", raise_(OSError("injected")))
     raise ValueError(f"unknown fault {stage!r}")
@@ -201,7 +201,7 @@ def _pending_locks(store: Any) -> int:
     held = sum(len(p.cache._pending) for p in patch._installed.patches)
     held += len(getattr(compile_cache._tl, "pending", None) or [])
     for e in store.entries():
-        lock = store.try_lock(e.ref.digest)
+        lock = store.locks.try_lock(e.ref.digest)
         held += lock is None
         release(lock)
     return held

@@ -343,9 +343,9 @@ def real_step(store: Any) -> dict[str, Any]:
         fake_varlen_call(mask, q, k, v, backward=True)
     seconds = time.monotonic() - t0
     dist.barrier()  # both ranks' steps done: every fetch from the other has happened
-    st.flush_counters()  # folds in what the other rank fetched from this one's uploads
-    return {"seconds": seconds, "fetch_seconds": st.counts()["remote_seconds"],
-            "served": st.counts()["served"], **_counts(st)}  # fmt: skip
+    st.counters.flush()  # folds in what the other rank fetched from this one's uploads
+    return {"seconds": seconds, "fetch_seconds": st.counters.counts()["remote_seconds"],
+            "served": st.counters.counts()["served"], **_counts(st)}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ def _mask_mod() -> Any:
 def _inject(stage: str, monkey: list[tuple[Any, str, Any]]) -> None:
     from fa4cache.adapters.fa4 import compile_cache, events, keys
 
+    from fa4cache.store.locks import StoreLocks
     from fa4cache.store.store import Store
 
     def put(obj: Any, name: str, value: Any) -> None:
@@ -113,7 +114,7 @@ def _inject(stage: str, monkey: list[tuple[Any, str, Any]]) -> None:
     elif stage == "store write":
         put(Store, "publish", _raise)
     elif stage == "lock":
-        put(Store, "acquire", _raise)
+        put(StoreLocks, "acquire", _raise)
     elif stage == "compile server":
         events.listen(_raise)
         monkey.append((events, "_listeners", list(events._listeners[:-1])))

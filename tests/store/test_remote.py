@@ -142,13 +142,13 @@ def test_a_kernel_compiled_by_one_store_loads_in_another_from_its_verified_copy(
     assert fa.call(3, 1) == 4 and fa.compiles == 1
     assert b.remote is not None and job.copies  # offered: read back through a's store
     assert fb.call(3, 1) == 4 and fb.compiles == 0
-    assert b.counted("remote_hits") == 1 and b.remote.fetched == 1
+    assert b.counters.counted("remote_hits") == 1 and b.remote.fetched == 1
     ref = fb.cache.ref(3)
     side = b.read_sidecar(ref)  # taken into b's own directory, with where it came from
     assert side is not None and b.remote.last_source == f"memory {a.root}"
     assert b.serve(ref) is not None and b.serve(ref).data == a.serve(ref).data  # type: ignore[union-attr]
-    a.flush_counters()
-    assert a.counted("served") == 1  # b's fetch, counted in the uploader's store
+    a.counters.flush()
+    assert a.counters.counted("served") == 1  # b's fetch, counted in the uploader's store
     assert not job.leases  # released after the publish
 
 
@@ -163,7 +163,7 @@ def test_a_copy_that_does_not_match_its_key_or_checksum_is_refused_once(
     b = _store(tmp_path / "b")
     fb = FakeFA4(b)
     assert fb.call(5, 0) == 5 and fb.compiles == 1  # compiled here, not loaded
-    assert b.counted("remote_hits") == 0
+    assert b.counters.counted("remote_hits") == 0
     assert b.read_sidecar(fb.cache.ref(5)).received is None  # type: ignore[union-attr]
     assert b.remote is not None and b.remote.get(fb.cache.ref(5)) is None  # asked again: refused again
     bad = [w for w in _warnings(caplog) if "does not match its key or checksum" in w]
@@ -228,17 +228,17 @@ def test_distributed_picks_the_tier_its_engine_registered(
 
 
 def test_a_claim_takes_the_job_wide_lease_without_waiting(tmp_path: Path, job: Job) -> None:
-    # What a cold kernel set split across a job's nodes claims with (Store.try_claim), over
+    # What a cold kernel set split across a job's nodes claims with (store.locks.try_claim), over
     # whichever transport the tier has.
     a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
     digest = "f" * 64
     t0 = time.monotonic()
-    mine = a.try_claim(digest)
+    mine = a.locks.try_claim(digest)
     assert mine is not None and digest in job.leases
-    assert b.try_claim(digest) is None  # another node holds it: left for later, no wait
+    assert b.locks.try_claim(digest) is None  # another node holds it: left for later, no wait
     assert time.monotonic() - t0 < 2
     mine.release()  # ends the node lock and the lease
     assert digest not in job.leases
-    theirs = b.try_claim(digest)
+    theirs = b.locks.try_claim(digest)
     assert theirs is not None
     theirs.release()
