@@ -210,7 +210,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         )
         for r in rows
     ]
-    head = ("kind", "digest", "dtype", "hdim", "mask", "size", "compile", "last used", "hits")
+    # Per entry, the jobs' loads of it from the store: what stats counts as disk hits
+    # (stats' "Hits" adds memory hits, and stats --zero resets its counters, not these).
+    head = ("kind", "digest", "dtype", "hdim", "mask", "size", "compile", "last used", "disk hits")
     right = {3, 5, 6, 8}  # numbers
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
     for line in (head, *table):
