@@ -8,11 +8,14 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import user_store_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,9 +29,41 @@ os.environ.setdefault("FA4CACHE_COMPILE_AHEAD", "0")
 # share it; printed in the header so that any run can be replayed.
 os.environ.setdefault("FA4CACHE_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 30)))
 
+# The suite never writes the user's store (tests/helpers/user_store_guard.py): the run's first
+# process (pytest-xdist's controller) notes the user's stores and points FA4CACHE_DIR at a
+# store of the run's own, which its workers and every child process inherit; each process
+# refuses its own writes under the user's stores, and the test that tried fails.
+_RUN_STORE: str | None = None  # made by this process: removed when it ends
+if user_store_guard.ENV not in os.environ:
+    _RUN_STORE = tempfile.mkdtemp(prefix="fa4cache-suite-store-")
+    os.environ[user_store_guard.ENV] = os.pathsep.join(user_store_guard.user_stores())
+    os.environ["FA4CACHE_DIR"] = _RUN_STORE
+user_store_guard.guard(user_store_guard.user_stores())
+
 
 def pytest_report_header(config: Any) -> str:
     return f"FA4CACHE_FUZZ_SEED={os.environ['FA4CACHE_FUZZ_SEED']} (set it to replay the random cases)"
+
+
+@pytest.fixture(autouse=True)
+def _never_the_users_store() -> Any:
+    """Fail the test that tried to write the user's store (the write itself was refused)."""
+    user_store_guard.take_refused()  # what came before this test is not its doing
+    yield
+    refused = user_store_guard.take_refused()
+    if refused:
+        pytest.fail(
+            "this test tried to write the user's store "
+            f"({os.environ[user_store_guard.ENV]}); give it a store of its own (tmp_path):\n"
+            + "\n".join(refused[:10]),
+            pytrace=False,
+        )
+
+
+def pytest_unconfigure(config: Any) -> None:
+    # The run's own store goes with the process that made it (workers share it).
+    if _RUN_STORE is not None:
+        shutil.rmtree(_RUN_STORE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 CACHE_DIR_HELP = "store directory (default: $FA4CACHE_DIR or ~/.cache/fa4cache)"
 VERBOSE_HELP = "log what happens (level info; FA4CACHE_LOG_LEVEL=debug for more)"
 QUIET_HELP = "log errors only; no progress bar"
+NAMED_NO_STORE = "2 bad input, or a path you named (--cache-dir, FA4CACHE_DIR) that holds no store"
+REMOVAL_EXIT = (
+    "exit status: 0 done (--dry-run: listed); 1 an entry was skipped (another process holds its "
+    "key) or could not be removed, or the confirmation was answered no (nothing removed; as "
+    "apt-get's abort); " + NAMED_NO_STORE + ", or a confirmation needed without a terminal (pass --yes)"
+)
 REMOVAL_JSON_HELP = (
     "print what was (with --dry-run: would be) removed and what remains as JSON: removed "
     "[{kind, digest, toolchain, size}], removed_bytes, removed_toolchains, temp_files, remaining, "
@@ -82,19 +88,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("stats", help="entries, hits, misses, compile time spent and saved")
+    s = sub.add_parser(
+        "stats",
+        help="entries, hits, misses, compile time spent and saved",
+        epilog=f"exit status: 0 shown; {NAMED_NO_STORE}",
+    )
     s.add_argument("--json", action="store_true", help="print the numbers as JSON (schema: docs/cli.md)")
     s.add_argument("--zero", action="store_true", help="reset the counters (entries are kept)")
     s.set_defaults(func=cmd_stats)
 
-    s = sub.add_parser("ls", help="one line per entry")
+    s = sub.add_parser("ls", help="one line per entry", epilog=f"exit status: 0 listed; {NAMED_NO_STORE}")
     s.add_argument(
         "--kind", help="only entries of this kernel kind (fwd, bwd, ...: the kinds the store holds)"
     )
     s.add_argument("--json", action="store_true", help="print the entries as a JSON list")
     s.set_defaults(func=cmd_ls)
 
-    s = sub.add_parser("verify", help="check every entry's checksum and sidecar")
+    s = sub.add_parser(
+        "verify",
+        help="check every entry's checksum and sidecar",
+        epilog="exit status: 0 every entry ok (with --rebuild: every rebuilt entry identical); 1 a bad "
+        "entry, a repair that failed, a rebuilt entry that differs, nothing rebuilt, or (--rebuild "
+        f"without N) an entry not rebuilt; {NAMED_NO_STORE}",
+    )
     s.add_argument("--repair", action="store_true", help="quarantine bad entries")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.add_argument(
@@ -104,12 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         const=0,
         metavar="N",
         help="also compile the entries of N recorded specs (default all) again on this machine and "
-        "compare the bytes (entries fa4cache warm made; minutes per spec on the CPU); without N, "
-        "an entry that cannot be rebuilt fails the check (exit 1), as one that differs does",
+        "compare the bytes (entries fa4cache warm made; minutes per spec on the CPU); exit 1 if one "
+        "differs, or if nothing was rebuilt (no entries, none with a recorded spec, every rebuild "
+        "failed); without N, an entry that cannot be rebuilt also fails the check",
     )
     s.set_defaults(func=cmd_verify)
 
-    s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)")
+    s = sub.add_parser("prune", help="evict entries (LRU, age, stale toolchains)", epilog=REMOVAL_EXIT)
     s.add_argument(
         "--max-size",
         metavar="SIZE",
@@ -131,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--yes",
         action="store_true",
         help="do not ask for confirmation (asked on a terminal when the run would remove more than "
-        "half of the store's entries or bytes; refused without a terminal)",
+        "half of the store's entries or bytes, where no removes nothing and exits 1; refused "
+        "without a terminal, exit 2)",
     )
     s.add_argument(
         "-n", "--dry-run", action="store_true", help="list what the same run would remove; remove nothing"
@@ -139,9 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_prune)
 
-    s = sub.add_parser("clear", help="remove every entry")
+    s = sub.add_parser("clear", help="remove every entry", epilog=REMOVAL_EXIT)
     s.add_argument("--all", action="store_true", help="also counters and quarantine")
-    s.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    s.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask for confirmation (asked on a terminal, where no removes nothing and exits 1; "
+        "refused without a terminal, exit 2)",
+    )
     s.add_argument("-n", "--dry-run", action="store_true", help="list what would be removed; remove nothing")
     s.add_argument("--json", action="store_true", help=REMOVAL_JSON_HELP)
     s.set_defaults(func=cmd_clear)
@@ -293,6 +316,8 @@ def markdown_reference() -> str:
                 help_text += f" (one of: {', '.join(map(str, a.choices))})"
             lines.append(f"| `{flag}` | {help_text} |")
         lines.append("")
+        if p.epilog:
+            lines += [p.epilog[0].upper() + p.epilog[1:] + ".", ""]
     return "\n".join(lines)
 
 

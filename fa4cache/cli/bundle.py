@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .common import human, plural, safe_text, settings_of, store_settings, writable_store_settings
+from .common import human, inspected_store_settings, plural, safe_text, settings_of, writable_store_settings
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from fa4cache.store.bundle import export_bundle
     from fa4cache.store.paths import Layout
 
-    s = store_settings(args)  # NoStoreYet: "does not exist (nothing cached yet?)", exit 2
+    s = inspected_store_settings(args)  # NoStoreYet, NotAStore: exit 2
     layout = Layout(s.cache_dir)
     held = Counter(e.ref.toolchain for e in layout.iter_entries())
     if not held:

@@ -7,9 +7,10 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from ..cache_dir import cache_dir_error, cache_dir_problem
+from ..cache_dir import cache_dir_error, cache_dir_problem, default_dir, describe_cache_dir
 from ..errors import ConfigError
 from ..settings import Settings
 
@@ -75,6 +76,55 @@ def store_settings(args: argparse.Namespace) -> Settings:
     return s.with_cache_dir(root)
 
 
+class NotAStore(ConfigError):
+    """A store path the user named (``--cache-dir``, ``FA4CACHE_DIR``) that holds no store:
+    most often a typo. Exit 2, naming the path and the fix."""
+
+    def __init__(self, settings: Settings, why: str) -> None:
+        named = settings.cache_dir_from != "default"
+        fix = "check the path; a store is made by `fa4cache warm` or by the first job that runs with fa4cache"
+        if named:
+            fix += f" (the default store is {default_dir()})"
+        super().__init__(f"{describe_cache_dir(settings)} is not a store: the directory {why}; {fix}")
+        self.settings = settings
+
+
+_OTHER = "holds no store (none of v2/, stats/, locks/, quarantine/ in it)"
+
+
+def _not_a_store(root: Path) -> str | None:
+    """Why ``root`` is not a store, in words, or None if it is one."""
+    from fa4cache.store.root import SUBDIRS
+
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return "does not exist"
+    if any(n in SUBDIRS and (root / n).is_dir() for n in names):
+        return None
+    return "is empty" if not names else _OTHER
+
+
+def inspected_store_settings(args: argparse.Namespace) -> Settings:
+    """:func:`store_settings` for a command that reads or removes what a store holds (stats,
+    ls, verify, prune, clear, bundle export), which never creates one: the directory must be
+    a store. Raises :class:`NoStoreYet` for the default directory with nothing in it yet (a
+    machine where nothing was cached: there is no path to have mistyped), and
+    :class:`NotAStore` for a path the user named that does not hold one (missing, empty) or
+    any directory that holds something else."""
+    try:
+        s = store_settings(args)
+    except NoStoreYet as e:
+        s, why = e.settings, "does not exist"
+    else:
+        why = _not_a_store(s.cache_dir)
+    if why is None:
+        return s
+    if s.cache_dir_from == "default" and why != _OTHER:
+        raise NoStoreYet(s)
+    raise NotAStore(s, why)
+
+
 def writable_store_settings(args: argparse.Namespace) -> Settings:
     """:func:`store_settings` for a command that writes (warm, prune, clear, import): a store
     it cannot write is refused up front, not reported as done. A missing store is fine
@@ -90,14 +140,16 @@ def writable_store_settings(args: argparse.Namespace) -> Settings:
 
 
 def open_store(args: argparse.Namespace) -> Any:
+    """The store a command looks at (:func:`inspected_store_settings`)."""
     from fa4cache.store.store import Store
 
-    return Store(store_settings(args))
+    return Store(inspected_store_settings(args))
 
 
 def no_store_line(e: NoStoreYet) -> str:
-    """What ``stats``, ``ls``, ``verify``, ``prune`` and ``clear`` say of a store not made yet
-    (a mistyped path too): nothing wrong, nothing there (``--json``: zeros, an empty list)."""
+    """What ``stats``, ``ls``, ``verify``, ``prune`` and ``clear`` say of the default store
+    not made yet: nothing wrong, nothing there (``--json``: zeros, an empty list). A path the
+    user named is a :class:`NotAStore` instead."""
     return f"no store at {e.settings.cache_dir} yet: 0 entries"
 
 

@@ -16,8 +16,8 @@ _FIX = {
     "dsl_cuda": "the CUTLASS DSL compiles with the newest CUDA flavor installed that the driver supports: "
     "install the same flavor on both machines (`nvidia-cutlass-dsl[cu13]` for CUDA 13 drivers, plain "
     "`nvidia-cutlass-dsl` (cu12) for CUDA 12 ones)",
-    "arch": "warm with --arch for this GPU",
-    "num_sms": "warm with FLASH_ATTENTION_NUM_SMS set to this GPU's SM count",
+    "arch": "warm with --arch sm_{here} for this GPU",
+    "num_sms": "warm with FLASH_ATTENTION_NUM_SMS={here}, this GPU's SM count",
     "patches": "both sides need the same FA4CACHE_INTERVAL_MASKING",
 }
 
@@ -60,7 +60,9 @@ def why_not(theirs: dict[str, Any] | None, mine: dict[str, dict[str, Any]], wher
     if not best:
         return "the same description under another id (another key format): `fa4cache warm` again here"
     words = "; ".join(f"{k} {here!r} here, {there!r} in {where}" for k, here, there in best[:6])
-    fix = next((_FIX[k.split(".")[0]] for k, _, _ in best if k.split(".")[0] in _FIX), None)
+    fix = next(
+        (_FIX[k.split(".")[0]].format(here=here) for k, here, _ in best if k.split(".")[0] in _FIX), None
+    )
     return words + (f" (fix: {fix})" if fix else "")
 
 
@@ -72,7 +74,8 @@ def fit_lines(toolchains: dict[str, dict[str, Any] | None], counts: dict[str, in
         return [f"cannot tell which kernels serve this host ({e})"]
     if not mine:
         return [
-            "this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it"
+            "this machine has no target arch (no GPU, FLASH_ATTENTION_ARCH unset): cannot tell which serve it "
+            "(set FLASH_ATTENTION_ARCH to the GPUs' arch, e.g. FLASH_ATTENTION_ARCH=sm_90, to ask)"
         ]
     lines = []
     for tc, desc in sorted(toolchains.items()):

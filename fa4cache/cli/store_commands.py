@@ -16,12 +16,12 @@ from .common import (
     ago,
     confirm,
     human,
+    inspected_store_settings,
     no_store_line,
     open_store,
     plural,
     safe_text,
     settings_of,
-    store_settings,
     writable_store_settings,
 )
 
@@ -35,7 +35,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.zero:
         return _zero(args)
     try:
-        s = store_settings(args)
+        s = inspected_store_settings(args)
     except NoStoreYet as e:  # no store yet: zeros for a script, the same line as ls for a person
         if not args.json:
             print(no_store_line(e))
@@ -125,7 +125,7 @@ def _zero(args: argparse.Namespace) -> int:
     from fa4cache.store import counters
 
     try:
-        store_settings(args)  # the store the workers use, checked from / down
+        inspected_store_settings(args)  # the store the workers use, checked from / down
     except NoStoreYet as e:
         if args.json:
             print(json.dumps({"cache_dir": str(e.settings.cache_dir), "zeroed": False}))
@@ -210,7 +210,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         )
         for r in rows
     ]
-    head = ("kind", "digest", "dtype", "hdim", "mask", "size", "compile", "last used", "hits")
+    # Per entry, the jobs' loads of it from the store: what stats counts as disk hits
+    # (stats' "Hits" adds memory hits, and stats --zero resets its counters, not these).
+    head = ("kind", "digest", "dtype", "hdim", "mask", "size", "compile", "last used", "disk hits")
     right = {3, 5, 6, 8}  # numbers
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
     for line in (head, *table):
@@ -277,21 +279,39 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"checked {rep.checked} entries: {rep.ok} ok, {len(rep.bad)} bad, "
             f"{len(rep.orphans)} incomplete (interrupted publishes, never loaded)"
         )
+        kw = max((len(b["kind"]) for b in rep.bad + rep.orphans), default=0)
         for b in rep.bad + rep.orphans:
-            print(f"  {b['kind']:<16} {b['digest'][:16]}  {safe_text(b['problem'])}")
+            print(f"  {b['kind']:<{kw}}  {b['digest'][:16]}  {safe_text(b['problem'])}")
         if args.repair:
             print(f"quarantined/removed {rep.repaired}")
             for f in rep.repair_failed:
                 print(f"  not repaired: {safe_text(f)}")
+    nothing = _nothing_rebuilt(rebuilt)
     if rebuilt is not None and not args.json:
         _print_rebuild(rebuilt)
+        if nothing:
+            print(f"nothing was rebuilt, so no entry was verified: {nothing}")
     # "Verified" means rebuilt: a full check (--rebuild without N) fails on entries it could
-    # not rebuild as on entries that differ; a sample (--rebuild N) judges what it rebuilt.
+    # not rebuild as on entries that differ; a sample (--rebuild N) judges what it rebuilt,
+    # and a sample that rebuilt nothing verified nothing: it fails too.
     full = args.rebuild == 0
-    rebuilt_clean = rebuilt is None or not (rebuilt["different"] or (full and rebuilt["not_rebuilt"]))
+    rebuilt_clean = rebuilt is None or not (
+        rebuilt["different"] or (full and rebuilt["not_rebuilt"]) or nothing
+    )
     if args.repair:
         return 1 if rep.repair_failed or not rebuilt_clean else 0
     return 0 if rep.clean and rebuilt_clean else 1
+
+
+def _nothing_rebuilt(r: dict[str, Any] | None) -> str | None:
+    """Why ``verify --rebuild`` compared no entry, in words, or None if it compared some."""
+    if r is None or r["identical"] or r["different"]:
+        return None
+    if not r["not_rebuilt"]:
+        return "the store holds no entries"
+    if not r["specs"]:
+        return "no entry records a spec (only the entries `fa4cache warm` made can be rebuilt)"
+    return "none of the chosen specs' entries could be rebuilt here (the reasons above)"
 
 
 def _rebuild(store: Any, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -314,10 +334,13 @@ def _print_rebuild(r: dict[str, Any]) -> None:
         f"rebuilt the entries of {plural(r['specs'], 'spec')}: {len(r['identical'])} identical, "
         f"{len(r['different'])} DIFFERENT, {len(r['not_rebuilt'])} not rebuilt"
     )
+    kw = max((len(e["kind"]) for e in r["different"] + r["not_rebuilt"][:20]), default=0)
     for e in r["different"]:
-        print(f"  {e['kind']:<16} {e['digest'][:16]}  differs from its rebuild: not what its key compiles to")
+        print(
+            f"  {e['kind']:<{kw}}  {e['digest'][:16]}  differs from its rebuild: not what its key compiles to"
+        )
     for e in r["not_rebuilt"][:20]:
-        print(f"  {e['kind']:<16} {e['digest'][:16]}  not rebuilt: {safe_text(e['why'])}")
+        print(f"  {e['kind']:<{kw}}  {e['digest'][:16]}  not rebuilt: {safe_text(e['why'])}")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -349,8 +372,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             f"{plural(plan.total_entries, 'entry')} ({human(plan.total_bytes)}) in {store.root}"
         )
         if not confirm(args, what, "most of the store"):
-            print("nothing removed")
-            return 1
+            print("nothing removed (not confirmed)")
+            return 1  # declined, as apt-get's abort: the removal asked for did not happen
     rep = apply_prune(store, plan)
     store.counters.flush()
     if args.json:
@@ -376,7 +399,7 @@ def _open_for_removal(args: argparse.Namespace) -> Any:
 
     if args.dry_run:
         return open_store(args)
-    s = store_settings(args)  # NoStoreYet: nothing to remove
+    s = inspected_store_settings(args)  # NoStoreYet: nothing to remove
     return Store(writable_store_settings(args).with_cache_dir(s.cache_dir))
 
 
@@ -412,9 +435,10 @@ def _report_json(rep: Any, store: Any, *, dry_run: bool) -> int:
 def _report_dry_run(rep: Any, store: Any, args: argparse.Namespace) -> int:
     if args.json:
         return _report_json(rep, store, dry_run=True)
+    kw = max((len(e.ref.kind) for e in rep.removed), default=0)  # one column, however long the kinds
     for e in rep.removed:
         print(
-            f"would remove {e.ref.kind:<16} {e.ref.digest[:16]}  {human(e.size):>10}  toolchain {e.ref.toolchain}"
+            f"would remove {e.ref.kind:<{kw}}  {e.ref.digest[:16]}  {human(e.size):>10}  toolchain {e.ref.toolchain}"
         )
     for tc in rep.removed_toolchains:
         print(f"would remove empty toolchain directory {tc}")
@@ -452,7 +476,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if store.root != asked:  # a squatted node-local path: the store the workers use instead
         what += f" (the store used instead of {asked}, which is not safe to use)"
     if not confirm(args, what):
-        print("nothing removed")
+        print("nothing removed (not confirmed)")
         return 1
     if args.json:
         return _report_json(clear(store, everything=args.all), store, dry_run=False)

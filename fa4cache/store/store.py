@@ -226,11 +226,16 @@ class Store:
                 self._touches[art.ref] = time.time()
 
     def flush_touches(self) -> None:
-        """Write pending uses (best effort) and refresh the toolchains' last use."""
+        """Write pending uses (best effort) and refresh the toolchains' last use. A
+        ``fa4cache warm`` process's loads are its own lookups, not a job's hits: they renew
+        the entries' last use (what ``prune`` keeps) and leave their hit counts as they are,
+        as :meth:`Counters.snapshot <fa4cache.store.counters.Counters.snapshot>` leaves
+        ``stats``' hits: ``ls`` and ``stats`` count the same loads."""
         with self._touch_lock:
             pending, self._touches = self._touches, {}
+        hit = not _counters.is_warm_process()
         for ref, when in pending.items():
-            self._write_use(ref, when, hit=True)
+            self._write_use(ref, when, hit=hit)
         for tc in list(self._toolchains_used):
             self._mark_toolchain_used(tc)
 
@@ -251,8 +256,10 @@ class Store:
             return None
         return UseRecord.parse(data)
 
-    def _write_use(self, ref: EntryRef, when: float, *, hit: bool) -> None:
-        old = self.read_use(ref) if hit else None
+    def _write_use(self, ref: EntryRef, when: float, *, hit: bool, fresh: bool = False) -> None:
+        """Record a use of ``ref`` at ``when``, one more hit if ``hit``; ``fresh``: a new
+        entry's first record (no hits)."""
+        old = None if fresh else self.read_use(ref)
         rec = UseRecord(max(when, old.last_used if old else 0.0), (old.hits if old else 0) + int(hit))
         try:
             atomic_write(self.layout.use_path(ref), rec.to_bytes(), durable=False)
@@ -343,7 +350,7 @@ class Store:
             unlink_quiet(staged)
             self._publish_failed(e)
             return False
-        self._write_use(ref, time.time(), hit=False)
+        self._write_use(ref, time.time(), hit=False, fresh=True)
         if self.remote is not None:
             self.remote.announce(ref)  # this node now holds a copy it can serve
         return True

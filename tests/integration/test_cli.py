@@ -176,8 +176,8 @@ def test_bad_manifest_entry_and_missing_directory(tmp_path: Path) -> None:
     m.write_text(json.dumps([{"mask": "document"}, {"mask": "nope"}]))
     p = run_cli(d, "warm", "--manifest", str(m))
     assert p.returncode == 2 and "entry 1" in p.stderr and "mask" in p.stderr
-    p = run_cli(tmp_path / "missing", "ls")  # as stats: a store not made yet is empty
-    assert p.returncode == 0 and "no store at" in p.stdout and "0 entries" in p.stdout
+    p = run_cli(tmp_path / "missing", "ls")  # as stats: a path named that holds no store is said
+    assert p.returncode == 2 and "is not a store: the directory does not exist" in p.stderr
 
 
 def test_clear_asks_without_yes_and_env_shell(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_doctor_reports(tmp_path: Path) -> None:
 def test_a_full_rebuild_check_fails_on_entries_it_could_not_rebuild(tmp_path: Path) -> None:
     # "Verified" means rebuilt: a job's entry records no spec, so a full `verify --rebuild`
     # cannot compile it again and must not pass it; a sample (`--rebuild N`) judges only what
-    # it rebuilt.
+    # it rebuilt, and one that rebuilt nothing verified nothing: it fails too, saying so.
     from fa4cache.store.store import Store
     from tests.helpers.fake_compiler import FakeFA4
 
@@ -230,4 +230,4 @@ def test_a_full_rebuild_check_fails_on_entries_it_could_not_rebuild(tmp_path: Pa
     out = json.loads(full.stdout)
     assert full.returncode == 1 and len(out["rebuild"]["not_rebuilt"]) == 1, (full.stdout, full.stderr)
     sample = run_cli(root, "verify", "--rebuild", "1", "--json")
-    assert sample.returncode == 0, (sample.stdout, sample.stderr)
+    assert sample.returncode == 1, (sample.stdout, sample.stderr)

@@ -519,7 +519,7 @@ def test_generate_batch_runs_on_fa4_without_a_mask(
 
 
 def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_implementations(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     # transformers 5.2x turns CUDA graphs and asynchronous batching on for an implementation
     # whose name says "flash" (it needs no mask); "fa4cache" needs none either and gets the same
@@ -535,6 +535,7 @@ def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_impl
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching import continuous_api
 
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))  # never the user's
     fht.register()
     monkeypatch.setattr(init, "get_accelerator_graph_name", lambda: "CUDAGraph")
 
@@ -555,7 +556,7 @@ def test_continuous_batching_gives_fa4cache_the_cuda_graph_default_of_flash_impl
 
 
 def test_continuous_batching_plans_fa4cache_memory_as_a_flash_implementation(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     # transformers sizes its paged cache for an implementation that is not "flash" by name as if
     # it had attention masks and repeated KV heads (eager/sdpa): "fa4cache" has neither, and
@@ -572,6 +573,7 @@ def test_continuous_batching_plans_fa4cache_memory_as_a_flash_implementation(
     from transformers.generation.continuous_batching import continuous_api
     from transformers.generation.continuous_batching.distributed import DistributedHelper
 
+    monkeypatch.setenv("FA4CACHE_DIR", str(tmp_path / "store"))  # never the user's
     fht.register()
     monkeypatch.setattr(init, "get_accelerator_graph_name", lambda: "CUDAGraph")
     monkeypatch.setattr(

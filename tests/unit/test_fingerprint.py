@@ -95,12 +95,16 @@ def test_why_a_toolchain_cannot_serve_names_the_field_and_the_fix(monkeypatch: p
     why = host_fit.why_not(_describe(dsl_cuda=other), mine, "the bundle")
     assert f"{other!r} in the bundle" in why and "nvidia-cutlass-dsl[cu13]" in why
     why = host_fit.why_not(_describe(arch=100), mine, "the bundle")
-    assert "arch 90 here, 100 in the bundle" in why and "--arch" in why
+    assert "arch 90 here, 100 in the bundle" in why and "(fix: warm with --arch sm_90 for this GPU)" in why
     old = {k: v for k, v in _describe().items() if k != "format"}
     assert "older fa4cache" in host_fit.why_not(old, mine, "the store")
     lines = host_fit.fit_lines({"x": mine["x"], "y": _describe(num_sms=78)}, {"x": 4, "y": 2}, "the bundle")
     assert lines[0] == "4 kernel(s) of toolchain x can serve this host"
     assert "2 kernel(s) of toolchain y cannot serve this host: num_sms 132 here, 78 in the bundle" in lines[1]
+    assert "(fix: warm with FLASH_ATTENTION_NUM_SMS=132, this GPU's SM count)" in lines[1], lines[1]
+    monkeypatch.setattr(host_fit, "host_toolchains", dict)  # no GPU, no FLASH_ATTENTION_ARCH
+    (line,) = host_fit.fit_lines({"x": mine["x"]}, {"x": 4}, "the bundle")
+    assert "cannot tell which serve it" in line and "FLASH_ATTENTION_ARCH=sm_90" in line, line
 
 
 @pytest.mark.compile

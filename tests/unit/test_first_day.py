@@ -196,13 +196,13 @@ def test_stats_on_a_path_with_no_store_says_so_as_ls_and_verify_do(tmp_path: Pat
     missing = tmp_path / "mistyped"
     outs = {cmd: run_cli(missing, cmd) for cmd in ("stats", "ls", "verify")}
     for cmd, p in outs.items():
-        assert p.returncode == 0 and p.stderr == "", (cmd, p.stderr)
-        assert p.stdout.startswith(f"no store at {missing} yet: 0 entries"), (cmd, p.stdout)
+        assert p.returncode == 2 and p.stdout == "", (cmd, p.stdout)
+        assert p.stderr.startswith(f"fa4cache {cmd}: --cache-dir {missing} is not a store"), (cmd, p.stderr)
     assert "Hit rate" not in outs["stats"].stdout
-    st = run_cli(missing, "stats", "--json")  # a script still gets its numbers: zeros
-    assert st.returncode == 0 and json.loads(st.stdout)["entries"] == 0
+    st = run_cli(missing, "stats", "--json")  # a script is told too: no zeros for a typo
+    assert st.returncode == 2 and st.stdout == "" and "is not a store" in st.stderr
     z = run_cli(missing, "stats", "--zero")
-    assert z.returncode == 0 and "no store at" in z.stdout, z.stdout + z.stderr
+    assert z.returncode == 2 and "is not a store" in z.stderr, z.stdout + z.stderr
     assert not missing.exists()
 
 
@@ -426,6 +426,7 @@ def test_log_level_setting_reaches_the_library_and_the_cli(tmp_path: Path) -> No
     assert "FA4CACHE_LOG_LEVEL" in bad.stderr and "WARNING-LINE" in bad.stderr  # one warning, nothing changed
     # The CLI: -v and -q, before or after the command, win over the setting.
     d = tmp_path / "c"
+    Store.at(d)  # a store to look at: a path named that holds none is an error (exit 2)
     root = logging.getLogger("fa4cache")
     saved = (root.level, root.propagate, list(root.handlers), logging.getLogger().level)
     try:
@@ -650,7 +651,7 @@ def test_prune_and_clear_json_say_what_the_run_removes(four_kernels: Path, tmp_p
     c = json.loads(run_cli(four_kernels, "clear", "--dry-run", "--json").stdout)
     assert [r["kind"] for r in c["removed"]] == ["bwd_postprocess_convert"] and c["remaining"] == 0
     gone = run_cli(tmp_path / "none", "prune", "--max-size", "1G", "--json")
-    assert gone.returncode == 0 and json.loads(gone.stdout)["removed"] == []
+    assert gone.returncode == 2 and gone.stdout == "" and "is not a store" in gone.stderr
 
 
 # ---------------------------------------------------------------- 4: a Ray job's store path, checked in env()

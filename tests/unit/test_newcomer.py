@@ -366,6 +366,7 @@ def test_ls_shows_the_spec_as_warm_names_it(tmp_path: Path) -> None:
         "compile",
         "last",
         "used",
+        "disk",
         "hits",
     ]
     fwd = next(line for line in text if line.startswith("fwd "))
