@@ -6,9 +6,9 @@ planner) is this package's own business. Names load on first use: the CLI import
 face without importing torch or FA4.
 
 * :func:`warm`: the one warm runner (``fa4cache.warm``): a plan's items into the store, in
-  this process, over ``-j`` workers or split across a job's nodes; one :class:`WarmReport`
-  (the CLI's ``warm``, Ray's prewarm);
-* :func:`start_model_set`: compile a model's kernel set in the background at model load;
+  this process, over ``-j`` workers, split across a job's nodes, or in the background (a
+  :class:`Warming` handle at once: a model's kernel set at model load); one
+  :class:`WarmReport` (the CLI's ``warm``, Ray's prewarm);
 * :func:`rebuild`: ``verify --rebuild``'s clean compiles to compare bytes against.
 """
 
@@ -20,11 +20,11 @@ import typing as _typing
 # name -> the module that defines it (full names: the structure report follows them).
 _FACE = {
     "warm": "fa4cache.adapters.compile.runner",
-    "WarmReport": "fa4cache.adapters.compile.runner",
-    "WarmRow": "fa4cache.adapters.compile.runner",
+    "WarmReport": "fa4cache.adapters.compile.report",
+    "WarmRow": "fa4cache.adapters.compile.report",
     "default_jobs": "fa4cache.adapters.compile.task",
     "quack_calls": "fa4cache.adapters.compile.warm_jit_calls",
-    "start_model_set": "fa4cache.adapters.compile.ahead",
+    "Warming": "fa4cache.adapters.compile.background",
     "rebuild": "fa4cache.adapters.compile.rebuild_check",
 }
 

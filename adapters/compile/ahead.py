@@ -9,9 +9,10 @@
 * **Waiting helps.** A process blocked on another's compile of a forward kernel starts the
   not-yet-started kernels of the same set meanwhile (in its server's children, else in
   itself), each taken through ``try_lock``.
-* **Model load.** :func:`start_model_set` (called when a transformers model is built for
-  ``attn_implementation="fa4cache"``) starts the model's whole kernel set, as ``warm
-  --hf-config`` lists it.
+* **Model load.** A transformers model built for ``attn_implementation="fa4cache"`` starts
+  its whole kernel set, as ``warm --hf-config`` lists it, through the warm runner's
+  ``background=True`` (:mod:`fa4cache.adapters.transformers.model_load`), whose workers
+  this process's compile server forks.
 * On a GPU host the compile server starts at ``fa4cache.install()`` and imports FA4 beside
   this process's own imports, so that a cold step never waits for an import; it learns the
   target at the first miss (when this process already uses its GPU), leaves after a run of
@@ -33,7 +34,7 @@ from typing import Any
 from fa4cache.adapters.compile import kernel_set
 from fa4cache.adapters.compile import server as compile_server
 from fa4cache.adapters.compile.kernel_set import CallJob, Kernel
-from fa4cache.adapters.compile.task import KERNELS_PER_SPEC, CompileTask, cpu_count, default_jobs
+from fa4cache.adapters.compile.task import CompileTask, cpu_count
 from fa4cache.adapters.fa4 import compile_cache, events
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
 
@@ -47,7 +48,6 @@ _lock = threading.Lock()
 _launched: dict[str, float] = {}  # digest -> when a worker of ours started compiling it
 _server: compile_server.CompileServer | None = None
 _quiet_forwards = 0  # forward calls in a row that compiled nothing
-_model_sets: set[str] = set()
 # Forward calls in a row with no compile after which the server leaves (its memory back):
 # a few steps of a model, whose layers call the forward once each.
 RETIRE_AFTER = 64
@@ -217,7 +217,7 @@ def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> N
     server = _get_server()
     if server is None:
         return
-    n = _children(kernels)
+    n = children(kernels)
     # No targets: each worker lists the job's kernels and takes those nobody holds or has.
     task = CompileTask(jobs=(job,), ahead=True, toolchain=tc.id, fork=n)
     server.submit(task)
@@ -265,7 +265,8 @@ def _count_saved(ref: Any, waited: float) -> None:
         store.counters.add("ahead_saved_seconds", max(0.0, float(seconds) - waited))
 
 
-def _started(kind: str, digest: str) -> None:
+def note_started(kind: str, digest: str) -> None:
+    """A worker of this process started compiling ``digest`` (counted when it is loaded here)."""
     with _lock:
         _launched.setdefault(digest, time.perf_counter())
 
@@ -273,7 +274,7 @@ def _started(kind: str, digest: str) -> None:
 # ------------------------------------------------------------------ the compile server
 
 
-def _children(kernels: int) -> int:
+def children(kernels: int) -> int:
     """Workers for ``kernels`` kernels: this process's share of the node's CPU cores
     (``LOCAL_WORLD_SIZE`` processes, as torchrun sets it, share them)."""
     import os
@@ -294,11 +295,15 @@ def server_env() -> dict[str, str] | None:
     return env
 
 
-def _get_server(*, configure: bool = True) -> compile_server.CompileServer | None:
+def _get_server(
+    env: dict[str, str] | None = None, *, configure: bool = True
+) -> compile_server.CompileServer | None:
     """This process's compile server (started, GPU-blind, if there is none); with
-    ``configure``, told this process's target, or None when there is none to tell."""
+    ``configure``, told ``env`` (default: this process's target and store,
+    :func:`server_env`), or None when there is none to tell."""
     global _server
-    env = server_env() if configure else None
+    if configure and env is None:
+        env = server_env()
     if configure and env is None:
         return None
     with _lock:
@@ -306,7 +311,7 @@ def _get_server(*, configure: bool = True) -> compile_server.CompileServer | Non
             store = runtime.installed_store()
             if store is None or not store.writable:
                 return None
-            _server = compile_server.CompileServer(None, on_started=_started, keep_results=False)
+            _server = compile_server.CompileServer(None, on_started=note_started, keep_results=False)
         server = _server
     if env is not None:
         server.configure(env)
@@ -355,101 +360,6 @@ def _retire_server() -> None:
     _quiet_forwards = 0
     if server is not None:
         server.close(wait=False)
-
-
-# ------------------------------------------------------------------ model load
-
-
-def start_model_set(specs: list[Any]) -> list[compile_server.CompileServer]:
-    """Start compiling ``specs`` (a model's kernel set) in background workers; returns the
-    server that forks them."""
-    import json
-
-    if not specs or not enabled():
-        return []
-    sig = json.dumps([s.to_dict() for s in specs], sort_keys=True)
-    with _lock:
-        if sig in _model_sets:
-            return []
-        _model_sets.add(sig)
-    if set_is_stored(specs):
-        # Nothing to compile ahead: no server (a process with torch and FA4 imported) beside
-        # this one; a miss, if one comes, starts it then.
-        log.info(
-            "fa4cache: the kernel set of %s is stored; no compile server started",
-            "; ".join(s.label() for s in specs),
-        )
-        return []
-    server = _get_server()
-    if server is None:
-        return []
-    n = _children(default_jobs(specs))
-    task = CompileTask(jobs=tuple(kernel_set.SpecJob(s.to_dict()) for s in specs), ahead=True, fork=n)
-    server.submit(task)
-    # Ahead of any need: an exit does not wait for it (what was stored by then is kept).
-    server.finish_at_exit = False
-    log.info(
-        "fa4cache: compiling the kernel set of %s in %d background worker(s)",
-        "; ".join(s.label() for s in specs),
-        n,
-    )
-    return [server]
-
-
-def set_is_stored(specs: list[Any]) -> bool:
-    """Whether the store holds every kernel of ``specs`` as warm compiled them: entries whose
-    sidecars record the spec, as many as the spec has kernels. Judged without FA4 (which
-    would have to trace the set to name its keys); a set warmed under an older toolchain
-    counts too, and its first step then compiles what it lacks, as any miss does."""
-    import json
-
-    store = runtime.installed_store()
-    if store is None or not specs:
-        return False
-    want = {json.dumps(s.to_dict(), sort_keys=True): KERNELS_PER_SPEC[s.backward] for s in specs}
-    have: dict[str, int] = {}
-    for e in store.entries():
-        side = store.read_sidecar(e.ref)
-        spec = side.spec if side is not None else None
-        if isinstance(spec, dict):
-            key = json.dumps(spec, sort_keys=True)
-            if key in want:
-                have[key] = have.get(key, 0) + 1
-    return all(have.get(k, 0) >= n for k, n in want.items())
-
-
-def specs_of_config(config: Any) -> list[Any]:
-    """The specs ``warm --hf-config`` computes, from a transformers config object."""
-    from fa4cache.aot.model_config import specs_for
-
-    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    if "num_attention_heads" not in d and isinstance(d.get("text_config"), dict):
-        d = d["text_config"]
-    return specs_for(d)
-
-
-def watch_model_loads() -> None:
-    """A transformers model built with ``attn_implementation="fa4cache"`` starts its kernel set
-    compiling in the background (hooked on ``PreTrainedModel.post_init``, once)."""
-    from transformers import PreTrainedModel
-
-    original = PreTrainedModel.post_init
-    if getattr(original, "__fa4cache_compile_ahead__", False):
-        return
-
-    @functools.wraps(original)
-    def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        try:
-            if enabled() and getattr(self.config, "_attn_implementation", None) == "fa4cache":
-                start_model_set(specs_of_config(self.config))
-        except Exception as e:  # the model must load whatever happens here
-            # An optimisation skipped, not a problem: a shape warm cannot list compiles at its step.
-            log.info("fa4cache: not compiling the model's kernels ahead (%s: %s)", type(e).__name__, e)
-        return result
-
-    post_init.__fa4cache_compile_ahead__ = True  # type: ignore[attr-defined]
-    PreTrainedModel.post_init = post_init  # type: ignore[method-assign]
 
 
 events.wrap_forward(wrap_forward)

@@ -9,7 +9,10 @@ Where the kernels are compiled is an option, not another entry point:
 * ``split=True`` (or a ``(rank, world)`` pair): across a job's nodes, each claiming its share
   of the specs' kernels through the store's remote tier (the c10d tier of a torchrun job,
   the cluster tier of a Ray job) and taking the rest from the job
-  (:mod:`fa4cache.adapters.compile.split`).
+  (:mod:`fa4cache.adapters.compile.split`);
+* ``background=True``: by this process's compile server's children while this process goes
+  on; the call returns at once with a handle whose report fills in
+  (:mod:`fa4cache.adapters.compile.background`; at model load, the model's kernel set).
 
 Jit calls (QuACK, ``@jit_cache``) and generation calls run in this process in every mode
 (through the store's miss path, so a job's leases still compile each once).
@@ -24,10 +27,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from fa4cache.adapters.compile.report import WarmReport, WarmRow, row_of
 from fa4cache.adapters.compile.target import target_scope
 
 from fa4cache.aot.jit_spec import JitCall
@@ -35,78 +38,38 @@ from fa4cache.aot.plan import GenerationCall, Item, Target, WarmPlan
 from fa4cache.aot.spec import KernelSpec
 from fa4cache.errors import quiet_library_warnings
 
+if TYPE_CHECKING:
+    from fa4cache.adapters.compile.background import Warming
+
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WarmRow:
-    """What warm did for one item of its plan."""
-
-    item: Item
-    compiled: int  # kernels compiled by this run
-    present: int  # kernels already there: in the store, in this process's memory, or fetched from the job
-    seconds: (
-        float  # wall time of the item (with -j and split: of the whole run, its kernels ran side by side)
-    )
-    error: str | None = None
-    # Time spent compiling its kernels, counted as ``fa4cache stats`` counts it (miss to publication).
-    compile_seconds: float = 0.0
-    kernels: int | None = None  # kernels (generation: calls) the item asked for, where known
-
-    @property
-    def label(self) -> str:
-        return self.item.label()
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+@overload
+def warm(
+    items: WarmPlan | Iterable[Item | dict[str, Any]],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    jobs: int | None = 1,
+    split: bool | tuple[int, int] = False,
+    background: Literal[False] = False,
+    num_sms: int | None = None,
+    on_start: Callable[[], None] | None = None,
+    on_row: Callable[[WarmRow], None] | None = None,
+) -> WarmReport: ...
 
 
-@dataclass(frozen=True)
-class WarmReport:
-    """The result of one warm run (one node's, for Ray's ``prewarm``)."""
-
-    target: Target
-    rows: tuple[WarmRow, ...] = ()
-    seconds: float = 0.0
-    cache_dir: str | None = None
-    node_id: str | None = None  # Ray's prewarm: the node that ran it
-    error: str | None = None  # the run itself failed (a node not alive, a task that died)
-    claimed: int = 0  # split: kernels compiled here as this node's share
-    left: int = 0  # split: kernels left to other nodes at first (fetched, or compiled if they died)
-
-    @property
-    def compiled(self) -> int:
-        return sum(r.compiled for r in self.rows)
-
-    @property
-    def present(self) -> int:
-        return sum(r.present for r in self.rows)
-
-    @property
-    def failed(self) -> tuple[tuple[str, str], ...]:
-        """``(label, error)`` of each failed item; ``("*", error)`` when the run failed."""
-        run = (("*", self.error),) if self.error else ()
-        return run + tuple((r.label, r.error) for r in self.rows if r.error is not None)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def table(self) -> list[str]:
-        """One line per item (columns as wide as the longest label), under a header.
-
-        "compile s" is what ``fa4cache stats`` counts (each kernel from its miss to its
-        publication); "wall s" adds masks, FA4's tracing and loads."""
-        w = max(len("item"), *(len(r.label) for r in self.rows)) if self.rows else len("item")
-        lines = [f"{'item':<{w}}  {'compiled':>8}  {'present':>7}  {'compile s':>9}  {'wall s':>7}  status"]
-        for r in self.rows:
-            status = "ok" if r.error is None else f"FAILED: {r.error[:80]}"
-            lines.append(
-                f"{r.label:<{w}}  {r.compiled:>8}  {r.present:>7}  {r.compile_seconds:>9.1f}  "
-                f"{r.seconds:>7.1f}  {status}"
-            )
-        return lines
+@overload
+def warm(
+    items: WarmPlan | Iterable[Item | dict[str, Any]],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    jobs: int | None = 1,
+    split: bool | tuple[int, int] = False,
+    background: Literal[True],
+    num_sms: int | None = None,
+    on_start: Callable[[], None] | None = None,
+    on_row: Callable[[WarmRow], None] | None = None,
+) -> Warming: ...
 
 
 def warm(
@@ -115,10 +78,11 @@ def warm(
     *,
     jobs: int | None = 1,
     split: bool | tuple[int, int] = False,
+    background: bool = False,
     num_sms: int | None = None,
     on_start: Callable[[], None] | None = None,
     on_row: Callable[[WarmRow], None] | None = None,
-) -> WarmReport:
+) -> WarmReport | Warming:
     """Compile ``items`` (a :class:`~fa4cache.aot.plan.WarmPlan`, or KernelSpec / JitCall /
     GenerationCall items or their dicts, for the arch they name) into the store; one row per
     item. Needs no GPU.
@@ -128,6 +92,10 @@ def warm(
     this node's share of the specs' kernels and take the rest from the job (every rank, or
     every node, calls it; needs a remote tier: ``install(distributed=True)`` or a Ray job's
     ``fa4cache.env(..., cluster=True)``); a ``(rank, world)`` pair names this node's place.
+    ``background``: kernel specs only; returns at once a
+    :class:`~fa4cache.adapters.compile.background.Warming` whose ``report()`` fills in as
+    the compile server's children finish (``wait()`` for the whole report), with ``jobs``
+    children (None: this process's share of the cores); a set the store holds starts none.
     ``num_sms``: the target's SM count when ``items`` is not a plan. ``on_start``: called once
     any workers run (a progress thread may start then, never before a fork); ``on_row``:
     called as each item's row is ready."""
@@ -136,6 +104,8 @@ def warm(
         from fa4cache.errors import ConfigError
 
         raise ConfigError(f"jobs: expected a positive number of workers or None, got {jobs!r}")
+    if background:
+        return _background(plan, cache_dir, jobs, split)
     t0 = time.perf_counter()
     rows: dict[int, WarmRow] = {}
     started = [False]
@@ -184,6 +154,19 @@ def warm(
     )
 
 
+def _background(plan: WarmPlan, cache_dir: Any, jobs: int | None, split: Any) -> Warming:
+    from fa4cache.adapters.compile import background
+
+    from fa4cache.errors import ConfigError
+
+    if split:
+        raise ConfigError("warm: background=True runs on this node; split=True is a mode of its own")
+    other = [i.label() for i in plan.items if not isinstance(i, KernelSpec)]
+    if other:
+        raise ConfigError(f"warm: background=True compiles kernel specs only, not {', '.join(other)}")
+    return background.start(_store(cache_dir), plan, jobs)
+
+
 def _store(cache_dir: Any) -> Any:
     """The installed store when it is the one asked for (an install with a remote tier stays
     as it is), else ``cache_dir``'s, installed."""
@@ -205,11 +188,6 @@ def _default_jobs(specs: list[KernelSpec]) -> int:
     return default_jobs(specs)
 
 
-def _row(item: Item, r: dict[str, Any], kernels: int | None = None) -> WarmRow:
-    known = r["compiles"] + r["present"] if kernels is None else kernels
-    return WarmRow(item, r["compiles"], r["present"], r["seconds"], r["error"], r["compile_seconds"], known)
-
-
 def _spec_rows(
     store: Any, target: Target, specs: list[KernelSpec], jobs: int, start: Callable[[], None]
 ) -> list[WarmRow]:
@@ -218,7 +196,7 @@ def _spec_rows(
         from fa4cache.adapters.compile.parallel import warm_parallel
 
         results = warm_parallel(specs, jobs, str(store.root), on_fork=start, env=target.env())
-        return [_row(s, r) for s, r in zip(specs, results)]
+        return [row_of(s, r) for s, r in zip(specs, results)]
     from fa4cache.adapters.compile.warm_specs import compile_spec, counted
     from fa4cache.adapters.fa4.compile_cache import ahead_off
     from fa4cache.adapters.patch import fold_all_hits
@@ -231,7 +209,7 @@ def _spec_rows(
             with ahead_off():  # warm compiles the whole set itself
                 compile_spec(spec)
 
-        out.append(_row(spec, counted(store, fold_all_hits, spec.label(), run)))
+        out.append(row_of(spec, counted(store, fold_all_hits, spec.label(), run)))
     return out
 
 
@@ -321,7 +299,7 @@ def _jit_row(store: Any, call: JitCall) -> WarmRow:
         with record_spec(call.to_dict()), quiet_library_warnings():
             fn(*decode(list(call.args)), **{k: decode(v) for k, v in call.kwargs})
 
-    return _row(call, counted(store, fold_all_hits, call.label(), run))
+    return row_of(call, counted(store, fold_all_hits, call.label(), run))
 
 
 def _generation_row(store: Any, g: GenerationCall) -> WarmRow:
@@ -340,4 +318,4 @@ def _generation_row(store: Any, g: GenerationCall) -> WarmRow:
             made[0] = calls(g)
 
     r = counted(store, fold_all_hits, g.label(), run)
-    return _row(g, r, kernels=made[0])
+    return row_of(g, r, kernels=made[0])

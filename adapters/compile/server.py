@@ -105,6 +105,9 @@ class CompileServer:
         self._on_started = on_started
         self._keep_results = keep_results  # False: fire and forget (results only logged)
         self._on_result = on_result  # called with each result, from the reader thread
+        # A task's own listener (by its tag), called with each of its children's results.
+        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self.env: dict[str, str] | None = None  # the configuration sent: target and store
         threading.Thread(target=self._read_stdout, name="fa4cache-worker-out", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="fa4cache-worker-err", daemon=True).start()
         with _live_lock:
@@ -119,7 +122,15 @@ class CompileServer:
             if self.configured:
                 return
             self.configured = True
+            self.env = dict(env)
         self._send({"env": env})
+
+    def compiles_for(self, env: dict[str, str]) -> bool:
+        """Whether this server compiles for ``env``'s target and store (unconfigured: any)."""
+        if self.env is None:
+            return True
+        names = (*TARGET_VARS, "FA4CACHE_DIR")
+        return all(self.env.get(k) == env.get(k) for k in names)
 
     @property
     def pid(self) -> int:
@@ -142,9 +153,12 @@ class CompileServer:
             elif line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT ") :])
                 _log_result(result)
-                if self._on_result is not None:
+                tag = result.get("task")
+                for listener in (self._on_result, self._listeners.get(tag) if tag else None):
+                    if listener is None:
+                        continue
                     try:
-                        self._on_result(result)
+                        listener(result)
                     except Exception as e:  # a listener's trouble must not stop the reader
                         log.debug("fa4cache: compile server result listener failed: %s", e)
                 with self._result:
@@ -157,19 +171,32 @@ class CompileServer:
             self._result.notify_all()
         with _live_lock:
             _live.discard(self)
+        # The server is gone: a task still waiting for children's results gets none.
+        for tag, listener in list(self._listeners.items()):
+            try:
+                listener({"error": "the compile server exited", "jobs": [], "task": tag, "ended": True})
+            except Exception as e:
+                log.debug("fa4cache: compile server result listener failed: %s", e)
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
         for raw in self.proc.stderr:
             self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n"))
 
-    def submit(self, task: CompileTask) -> None:
-        """Hand ``task`` to ``task.fork`` children; one result comes per child."""
+    def submit(self, task: CompileTask, on_result: Callable[[dict[str, Any]], None] | None = None) -> bool:
+        """Hand ``task`` to ``task.fork`` children; one result comes per child, also to
+        ``on_result`` (from the reader thread; needs ``task.tag``). False: the server is gone."""
+        if on_result is not None:
+            if task.tag is None:
+                raise ValueError("CompileServer.submit: a task with a listener needs a tag")
+            self._listeners[task.tag] = on_result
         with self._result:
             self.busy += task.fork
         if not self._send(task):
             with self._result:
                 self.busy = 0
+            return False
+        return True
 
     def _send(self, message: CompileTask | dict[str, Any]) -> bool:
         assert self.proc.stdin is not None

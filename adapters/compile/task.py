@@ -33,6 +33,9 @@ class CompileTask:
     # Compile ``targets`` again into a scratch store and compare the bytes with the store's
     # (FA4CACHE_VERIFY_HITS, :mod:`.rebuild_check`); nothing is published.
     rebuild: bool = False
+    # Echoed in each child's result: a server shared by several tasks hands each result to
+    # the listener its task was submitted with (:meth:`.server.CompileServer.submit`).
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", tuple(self.jobs))

@@ -236,7 +236,7 @@ def serve() -> None:
     gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ, None)
-    children: dict[int, int] = {}  # read end -> pid
+    children: dict[int, tuple[int, str | None]] = {}  # read end -> pid, its task's tag
     parent = int(os.environ.get(PARENT_ENV) or 0)
     open_stdin = True
     while open_stdin or children:
@@ -259,13 +259,16 @@ def serve() -> None:
                     try:
                         pid, r = fork_child(task)
                     except OSError as e:  # out of processes or memory: one result says so
-                        _say("RESULT " + json.dumps({"error": f"cannot fork: {e}", "jobs": []}))
+                        out = {"error": f"cannot fork: {e}", "jobs": [], "task": task.tag}
+                        _say("RESULT " + json.dumps(out))
                         continue
-                    children[r] = pid
+                    children[r] = (pid, task.tag)
                     sel.register(r, selectors.EVENT_READ, None)
             else:
                 sel.unregister(key.fd)
-                out = collect(children.pop(key.fd), key.fd)
+                pid, tag = children.pop(key.fd)
+                out = collect(pid, key.fd)
+                out["task"] = tag  # also for a child that died without a result
                 _say("RESULT " + json.dumps(out))
 
 

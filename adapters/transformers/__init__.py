@@ -51,13 +51,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fa4cache.adapters.compile import ahead as compile_ahead
-
 import fa4cache
 from fa4cache.decode import op as decode_op
 from fa4cache.ops import packed_attention
 from fa4cache.ops.step_mask import set_max_documents
 
+from . import model_load
 from .attention import attention_forward
 from .common import NAME, NAMES, warn_while_tracing_too
 from .common import warned as _warned  # noqa: F401  (tests clear it)
@@ -85,7 +84,7 @@ def register(*, max_documents: int | None = None, fix_flash_attention_4: bool = 
 
     set_max_documents(max_documents)
     fa4cache.install()
-    compile_ahead.watch_model_loads()
+    model_load.watch_model_loads()
     packed_attention.op()
     decode_op.op()
     # (5.2x deprecates the "paged|" prefix: plain "fa4cache" is the name for generate_batch on both.)

@@ -373,8 +373,8 @@ def test_the_kernel_set_compiled_at_model_build_does_not_delay_exit(tmp_path: Pa
     """Building a model starts its kernel set compiling in the background; a process that
     then ends does not wait for it (it waited ~10 s, a compile, before)."""
     pytest.importorskip("transformers")
-    from fa4cache.adapters.compile.ahead import specs_of_config
     from fa4cache.adapters.compile.task import KERNELS_PER_SPEC
+    from fa4cache.adapters.transformers.model_load import specs_of_config
     from transformers import LlamaConfig
 
     from fa4cache.store.store import Store

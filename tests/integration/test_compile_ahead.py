@@ -184,8 +184,10 @@ def test_model_load_starts_the_model_kernel_set(
     import logging
 
     from fa4cache.adapters import transformers as fa4t
-    from fa4cache.adapters.compile import ahead as compile_ahead
+    from fa4cache.adapters.compile import ahead
     from fa4cache.adapters.compile import server as compile_server
+    from fa4cache.adapters.compile.task import default_jobs
+    from fa4cache.adapters.transformers import model_load
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import fa4cache
@@ -200,13 +202,13 @@ def test_model_load_starts_the_model_kernel_set(
         intermediate_size=64, vocab_size=64,
     )  # fmt: skip
     started: list[list[Any]] = []
-    real = compile_ahead.start_model_set
-    monkeypatch.setattr(compile_ahead, "start_model_set", lambda specs: started.append(specs) or real(specs))
+    real = model_load.start_model_set
+    monkeypatch.setattr(model_load, "start_model_set", lambda specs: started.append(specs) or real(specs))
     with compile_server._live_lock:
         before = set(compile_server._live)
     try:
         fa4t.register()
-        with caplog.at_level(logging.INFO, logger="fa4cache.adapters.compile.ahead"):
+        with caplog.at_level(logging.INFO, logger="fa4cache.adapters.transformers.model_load"):
             AutoModelForCausalLM.from_config(cfg, attn_implementation="fa4cache")
         with compile_server._live_lock:
             workers = set(compile_server._live) - before
@@ -215,6 +217,8 @@ def test_model_load_starts_the_model_kernel_set(
         assert workers and all(w.proc.poll() is None for w in workers)
         lines = [r.getMessage() for r in caplog.records if "kernel set of" in r.getMessage()]
         assert len(lines) == 1 and f"bf16 d128 h4:{heads_kv} document varlen +bwd" in lines[0]
+        # The whole set in parallel: as many workers as kernels, within this process's cores.
+        assert f"in {ahead.children(default_jobs(started[0]))} background worker" in lines[0], lines
         n = len(started)
         AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")  # not ours: nothing starts
         assert len(started) == n
@@ -306,8 +310,9 @@ def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_pa
 def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose kernel set warm has stored starts no server at model load (a server is
     a process with torch and FA4 imported beside each rank); a set one kernel short does."""
-    from fa4cache.adapters.compile import ahead
+    from fa4cache.adapters.compile import ahead, background
     from fa4cache.adapters.compile.task import KERNELS_PER_SPEC
+    from fa4cache.adapters.transformers import model_load
 
     from fa4cache.aot.spec import KernelSpec
     from fa4cache.store import runtime
@@ -332,16 +337,16 @@ def test_a_stored_model_set_starts_no_compile_server(tmp_path: Path, monkeypatch
                 for _ in range(n):
                     key += 1
                     FakeFA4(store).call(key, 0)
-        assert ahead.set_is_stored(specs[:-1])
-        assert not ahead.set_is_stored(specs)  # one kernel short: compile ahead
+        assert background.set_is_stored(specs[:-1])
+        assert not background.set_is_stored(specs)  # one kernel short: compile ahead
         with record_spec(specs[-1].to_dict()):
             FakeFA4(store).call(key + 1, 0)
-        assert ahead.set_is_stored(specs)
+        assert background.set_is_stored(specs)
 
         def no_server(**kw: object) -> None:
             raise AssertionError("a compile server was started for a stored kernel set")
 
         monkeypatch.setattr(ahead, "_get_server", no_server)
-        assert ahead.start_model_set(specs) == []
+        assert model_load.start_model_set(specs) == []
     finally:
         runtime.unregister()
