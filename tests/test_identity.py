@@ -2,7 +2,7 @@
 expect-warm mode, the recompile-storm warning and near-misses in words. Fast: no compile.
 
 The end-to-end proof (two processes, one store, real kernels, the code changed in
-between) is tests/integration/test_kernel_identity.py; here each rule of the walker is held alone,
+between) is tests/test_identity_kernels.py; here each rule of the walker is held alone,
 with modules written to disk and imported as user code is.
 """
 

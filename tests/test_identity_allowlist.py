@@ -5,7 +5,7 @@ between two runs): ``_keys`` writes a variant's files, imports ``main`` and prin
 each named object -- FA4's hash (:func:`fa4cache.adapters.fa4.keys.base_hash`), or a
 ``@jit_cache`` call's store key -- with the warning a memory-only key logged. The two-process
 proofs with real compiles for the lambda row and a library-module row are in
-tests/integration/test_kernel_identity.py.
+tests/test_identity_kernels.py.
 """
 
 from __future__ import annotations

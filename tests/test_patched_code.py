@@ -1,7 +1,7 @@
 """fa4cache.patched_code: which functions of the code generators' modules were replaced at run time.
 
 A module of the checked packages is put into ``sys.modules`` here (FA4 itself is not imported:
-``tests/integration/test_kernel_identity.py`` patches the real one and compiles). Its functions
+``tests/test_identity_kernels.py`` patches the real one and compiles). Its functions
 come from a library file, from fa4cache's own files, or from this test file (a patch).
 """
 

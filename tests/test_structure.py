@@ -282,7 +282,7 @@ def test_settings_page_and_fa4cache_env_come_from_the_one_declaration(tmp_path: 
     from fa4cache.settings import DSL_CACHES_OFF, SETTINGS, markdown_table
 
     # The docs' settings reference is generated from the declaration at build time
-    # (scripts/docs_hooks.py, run by mkdocs; tests/unit/test_docs.py builds the site).
+    # (scripts/docs_hooks.py, run by mkdocs; tests/test_docs.py builds the site).
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
@@ -429,7 +429,6 @@ UNTESTED_TODAY = frozenset(
     fa4cache.decode.split_kv_triton
     fa4cache.ops.packed_attention
     fa4cache.ops.sequence_add_triton
-    fa4cache.ray_integration.actors
     fa4cache.ray_integration.admin
     fa4cache.ray_integration.node_server
     fa4cache.ray_integration.registry

@@ -5,7 +5,7 @@ FA4 is its CPU model here (tests/helpers/fa4_varlen_model.py, with FA4's LSE lay
 the chunk sequences, the repeated queries and the combine run as on the GPU, held to a dense
 reference over random shapes, paddings and caches (the seed is printed). The Triton forms
 (key ranges with SPLITS, the combine) are held to the PyTorch forms through Triton's
-interpreter; the H200 run is tests/gpu/test_gpu_generation.py's."""
+interpreter; the H200 run is tests/adapters/transformers/test_generation_gpu.py's."""
 
 from __future__ import annotations
 

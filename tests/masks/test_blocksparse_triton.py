@@ -23,7 +23,7 @@ import torch
 from fa4cache.masks import blocksparse_triton as bt
 from fa4cache.masks.blocksparse import classify_tiles
 from fa4cache.masks import make_document_mask, make_draft_block_mask
-from tests.gpu.test_gpu_fuzz import draw_case, build_mask, check_block_lists
+from tests.masks.test_fuzz_gpu import draw_case, build_mask, check_block_lists
 
 def flags(cnt, idx, C):
     B, R = cnt.shape

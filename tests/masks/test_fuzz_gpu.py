@@ -19,7 +19,7 @@ It checks:
   index twice), and the two metadata paths against each other.
 
 ``FA4CACHE_FUZZ_SEED`` replays a run; every failure message names the seed and the case.
-Run on an H200: ``pytest -m gpu tests/gpu/test_gpu_fuzz.py`` (8 shards of 26 cases).
+Run on an H200: ``pytest -m gpu tests/masks/test_fuzz_gpu.py`` (8 shards of 26 cases).
 """
 
 from __future__ import annotations

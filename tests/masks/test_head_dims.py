@@ -5,7 +5,7 @@ Checked here: the refitted metadata against brute-force tile classification of t
 boolean mask, on random packings; the refit cache and its way back to the mask as built;
 the wrapper that ``install()`` puts on FA4's entry points; and real sm_90 cross-compiles
 of block-sparse kernels at 192 and 256 (which FA4 rejected before). The outputs and
-gradients at these head dims are checked on the GPU (tests/gpu/test_gpu_fuzz.py).
+gradients at these head dims are checked on the GPU (tests/masks/test_fuzz_gpu.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SEED = int(os.environ["FA4CACHE_FUZZ_SEED"])
 @pytest.mark.slow
 @pytest.mark.parametrize("shard", range(2))
 def test_refitted_lists_match_brute_force(shard: int) -> None:
-    from tests.gpu.test_gpu_fuzz import build_mask, check_block_lists, draw_case
+    from tests.masks.test_fuzz_gpu import build_mask, check_block_lists, draw_case
 
     rng = random.Random(SEED + shard)
     for i in range(12):
@@ -70,7 +70,7 @@ def test_a_builders_mask_is_refitted_from_its_current_contents() -> None:
     import torch
 
     from fa4cache.masks import make_document_mask
-    from tests.gpu.test_gpu_fuzz import check_block_lists
+    from tests.masks.test_fuzz_gpu import check_block_lists
 
     T = 900
     first = make_document_mask(torch.tensor([0, 100, 101, 700, T]), seqlen=T, window=50)

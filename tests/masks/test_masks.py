@@ -338,7 +338,7 @@ def test_varlen_layout_is_the_same_mask(seed: int) -> None:
     # (batch > 1, 1-token documents, tile-edge boundaries, every option, every input form)
     # the calls and their masking keep exactly the reference's (query, key) pairs, and so
     # does the single-call form of mask.varlen_kwargs().
-    from tests.gpu.test_gpu_fuzz import build_mask, draw_case
+    from tests.masks.test_fuzz_gpu import build_mask, draw_case
 
     rng = random.Random(1000 + seed)
     checked = 0

@@ -21,7 +21,7 @@ import os, random, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 from fa4cache.ops import sequence_add as sa
-from tests.unit.test_sequence_add import draw, brute
+from tests.ops.test_sequence_add import draw, brute
 
 seed = int(sys.argv[1])
 rng = random.Random(seed)

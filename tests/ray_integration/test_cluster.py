@@ -304,7 +304,7 @@ OTHER_JOB = """
 import json, sys, time
 import ray
 import fa4cache
-from tests.cluster.test_cluster import CROSS, ROOT, NodeWorker, RogueServer
+from tests.ray_integration.test_cluster import CROSS, ROOT, NodeWorker, RogueServer
 addr, root, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 env = fa4cache.env(root + "/node-{node_id}", cluster=True, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **CROSS}})
 ray.init(address=addr, runtime_env=env, log_to_driver=False)
@@ -523,7 +523,7 @@ def test_a_bundle_in_the_runtime_env_fills_every_node(cluster: Any, tmp_path: Pa
 def test_a_malformed_bundle_in_the_runtime_env_is_a_warning(cluster: Any, tmp_path: Path, case: str) -> None:
     """With FA4CACHE_BUNDLE naming such a file every Ray worker died
     (RecursionError / OverflowError escaped the hook); now the worker lives, warns, compiles."""
-    from tests.store.test_security_keys import _malformed
+    from tests.store.test_bytes_bound_to_keys import _malformed
 
     bundle = _malformed(tmp_path)[case]
     ray = _connect(cluster, tmp_path, FA4CACHE_BUNDLE=str(bundle))

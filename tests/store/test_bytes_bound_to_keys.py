@@ -1,7 +1,7 @@
 """Bytes bound to their keys on every path in, and bounded bundles.
 
 An entry's digest is a hash of its key text. Whatever brings an entry in (a bundle, a base
-store, a cluster peer: see tests/cluster/test_cluster.py) recomputes that hash from the sidecar's key
+store, a cluster peer: see tests/ray_integration/test_cluster.py) recomputes that hash from the sidecar's key
 text and refuses an entry filed under another key, whatever its checksum says; ``verify``
 reports one in the local store. The fake compiler makes the kernels: the "kernel" of key k
 adds k, so a swapped entry shows as a wrong sum.

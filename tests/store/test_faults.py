@@ -54,7 +54,7 @@ def test_sigkill_at_random_points_of_store_writes(
     iterations = 60
     for i in range(iterations):
         p = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.publisher", str(art), str(i)],
+            [sys.executable, "-m", "tests.helpers.publisher", str(art), str(i)],
             cwd=ROOT,
             env=worker_env(d),
             stdout=subprocess.PIPE,

@@ -3,7 +3,7 @@
 The races (findings 1-3) run for a bounded time each and count both sides: how often the
 attacker's bytes or directory were used (must be 0) and how often the victim really
 loaded or opened (must be > 0), so that a test that never raced cannot pass. Users and
-the run-as-user server come from ``tests/store/test_security.py``; root-only, like those tests.
+the run-as-user server come from ``tests/store/test_other_users.py``; root-only, like those tests.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from fa4cache.errors import ConfigError
-from tests.store.test_security import PRELOAD, User, _mount_tmpfs, _probe, _seed, _server_request
+from tests.store.test_other_users import PRELOAD, User, _mount_tmpfs, _probe, _seed, _server_request
 
-from . import test_security as _sec
+from . import test_other_users as _sec
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("useradd") is None,

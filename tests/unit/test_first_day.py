@@ -22,7 +22,7 @@ from fa4cache.settings import parse_duration, parse_size
 from fa4cache.store.paths import LAYOUT, EntryRef
 from fa4cache.store.store import Store
 from tests.conftest import ROOT, run_cli, worker_env
-from tests.store.test_security import _seed, people  # noqa: F401  (a fixture: two real users)
+from tests.store.test_other_users import _seed, people  # noqa: F401  (a fixture: two real users)
 
 TC = "0123456789abcdef0123"
 DAY = 86400.0
@@ -716,7 +716,7 @@ def test_an_unusable_store_at_install_is_an_error_or_one_warning_and_kernels_sti
     bad input (ConfigError naming the setting and the fix); a store that cannot be written
     (its parent cannot be created, it is read-only) is one warning at install naming the cause
     and the fix, the kernels already there still load, new ones run from memory."""
-    from tests.store.test_security import PRELOAD, User
+    from tests.store.test_other_users import PRELOAD, User
 
     victim, _, _ = people
     victim = User(victim.name, victim.home, (*PRELOAD, "fa4cache.adapters.install"))

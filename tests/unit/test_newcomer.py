@@ -1,7 +1,7 @@
 """A newcomer's first hour: the README's commands and quick start lines as written (the
 manual in docs/ says the same), errors that name the argument and the fix, a CLI with one
 toolchain story, help on every flag, exit codes 0 (success), 1 (a check failed), 2 (bad
-input). The README's and the docs' snippets themselves run in tests/unit/test_docs.py.
+input). The README's and the docs' snippets themselves run in tests/test_docs.py.
 
 Fast: the CLI runs in subprocesses on stores written through the real Store API (no
 compile); the quick start runs once in a fresh process with no target arch set.

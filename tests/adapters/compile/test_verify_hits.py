@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_kernel_identity import _entries, _side_by_side, _start, _write
+from tests.test_identity_kernels import _entries, _side_by_side, _start, _write
 
 pytestmark = pytest.mark.compile
 

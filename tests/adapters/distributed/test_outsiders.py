@@ -2,7 +2,7 @@
 
 A real ``torchrun`` job (2 ranks, gloo, each rank a "node" with its own store) runs as the
 victim (root, the test's own uid); the attacker is an unprivileged user the test creates
-(:mod:`tests.store.test_security`), with no access to any file of the victim's. It reaches
+(:mod:`tests.store.test_other_users`), with no access to any file of the victim's. It reaches
 the job's ``TCPStore`` over 127.0.0.1, as any local user can (the port is in
 ``/proc/net/tcp``), and is told the namespace, digest and key text, which it could list
 (``TCPStore.list_keys``) or compute from public code. Its fake kernel returns
@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from tests.store import test_security
-from tests.store.test_security import ATTACKER, User
+from tests.store import test_other_users
+from tests.store.test_other_users import ATTACKER, User
 
-people = test_security.people  # the victim and attacker users (a module-scoped fixture)
+people = test_other_users.people  # the victim and attacker users (a module-scoped fixture)
 
 pytest.importorskip("torch.distributed")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRELOAD = (
     "datetime", "inspect", "json", "torch.distributed", "fa4cache.store.paths", "fa4cache.store.sidecar",
     "fa4cache.adapters.distributed.tier",

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))
 SECRET = os.urandom(16).hex()
 
@@ -133,7 +133,7 @@ def test_the_docs_split_example_runs_as_written_with_only_the_arch_set(tmp_path:
     on this CPU machine with FLASH_ATTENTION_ARCH=sm_90 alone: every kernel compiled once in
     the job, the rest fetched, and forward-only specs compile no backward kernel."""
     from fa4cache.store.paths import Layout
-    from tests.unit.test_docs import python_snippets
+    from tests.test_docs import python_snippets
 
     (example,) = [s for s in python_snippets(ROOT / "docs" / "distributed.md") if "split=True" in s]
     (tmp_path / "example.py").write_text(example)

@@ -1,7 +1,7 @@
 """FA4's autotuner under fa4cache (adapters/fa4/autotune.py): candidates compile into the store,
 winners are kept there. Real processes and real cross-compiles (tests/helpers/autotune_worker.py
 says which GPU-only answers stand in); run against an FA4 that has ``flash_attn.cute.autotune``
-(4.0.0b40: ``PYTHONPATH=/path/to/fa4-b40 pytest tests/integration/test_autotune.py``)."""
+(4.0.0b40: ``PYTHONPATH=/path/to/fa4-b40 pytest tests/adapters/fa4/test_autotune.py``)."""
 
 from __future__ import annotations
 

@@ -232,7 +232,7 @@ def test_sliding_window_maps_to_the_masks_window(adapter: Any) -> None:
 
 
 def test_generation_with_a_cache_runs_without_a_fallback(adapter: Any, caplog: Any) -> None:
-    # Decoding runs on FA4's KV-cache path (tests/integration/test_generation.py holds it to SDPA).
+    # Decoding runs on FA4's KV-cache path (tests/adapters/transformers/test_generation.py holds it to SDPA).
     cfg = _configs()["qwen3"]
     m = _model(cfg, "fa4cache")
     ref = _model(cfg, "sdpa")

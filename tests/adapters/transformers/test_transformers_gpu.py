@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 ROOT = (
-    Path(__file__).resolve().parents[2]
+    Path(__file__).resolve().parents[3]
 )  # importable as tests.* from here (the GPU run uses importlib mode)
 
 pytestmark = pytest.mark.gpu
@@ -141,7 +141,7 @@ def test_training_reduces_the_loss_and_compiles_once() -> None:
 SECOND = r"""
 import json, torch, random, fa4cache
 from fa4cache.adapters import transformers as fht
-from tests.gpu.test_gpu_transformers import _configs, _model, _packed
+from tests.adapters.transformers.test_transformers_gpu import _configs, _model, _packed
 fht.register()
 store = fa4cache.install()
 cfg = _configs()["qwen3"]
