@@ -231,3 +231,29 @@ def test_a_full_rebuild_check_fails_on_entries_it_could_not_rebuild(tmp_path: Pa
     assert full.returncode == 1 and len(out["rebuild"]["not_rebuilt"]) == 1, (full.stdout, full.stderr)
     sample = run_cli(root, "verify", "--rebuild", "1", "--json")
     assert sample.returncode == 0, (sample.stdout, sample.stderr)
+
+
+def test_cli_messages_and_exit_codes(two_toolchains: Path) -> None:
+    p = run_cli(two_toolchains, "prune")
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "fa4cache prune: give --max-size, --older-than and/or --fingerprint stale"
+    )
+    p = run_cli(two_toolchains, "clear", input="")
+    assert (
+        p.returncode == 2
+        and p.stderr.startswith("fa4cache clear: refusing")
+        and "clear: clear" not in p.stderr
+    )
+    z = run_cli(two_toolchains, "stats", "--zero", "--json")
+    assert z.returncode == 0 and json.loads(z.stdout)["zeroed"] is True
+    p = run_cli(two_toolchains, "ls", "--kind", "nope")
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "fa4cache ls: --kind: no entries of kind 'nope'; kinds in this store: bwd, fwd"
+    )
+    one = run_cli(two_toolchains, "ls", "--kind", "fwd")
+    assert one.returncode == 0 and one.stdout.splitlines()[-1] == "1 entry"
+    p = run_cli(two_toolchains, "warm", "--arch", "sm_42")
+    assert p.returncode == 2 and "invalid choice: 'sm_42'" in p.stderr and "sm_100a" in p.stderr
+    c = run_cli(two_toolchains, "clear", "--dry-run")
+    assert c.returncode == 0 and "dry run: would remove 2 entries" in c.stdout
+    assert len(list((two_toolchains / LAYOUT).glob("*/*/*.o"))) == 2

@@ -72,3 +72,20 @@ def test_each_rank_starts_claiming_at_its_own_share() -> None:
     assert order(kernels, 1, 4) == [2, 3, 4, 5, 6, 7, 0, 1]
     assert order(kernels, 3, 4)[:2] == [6, 7] and sorted(order(kernels, 3, 4)) == kernels
     assert order([], 1, 2) == []
+
+
+def test_a_kernel_compiled_but_not_saved_is_a_failed_item() -> None:
+    """warm -j 1 counts what the store did: a publish error (a full disk) fails the spec."""
+    from types import SimpleNamespace
+
+    from fa4cache.adapters.compile.warm_specs import counted
+
+    values = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "compile_seconds": 0.0, "publish_errors": 0}
+    store = SimpleNamespace(counts=lambda: dict(values))  # what warm reads of a Store
+
+    def run() -> None:
+        values["compiles"] += 1
+        values["publish_errors"] += 1
+
+    r = counted(store, lambda: None, "spec", run)
+    assert r["compiles"] == 1 and r["error"] is not None and "not saved" in r["error"]
