@@ -37,7 +37,7 @@ is written at once (markdown + json), so a run cut short keeps what it measured;
 
 Writes generation_h200.{md,json} under $FA4CACHE_RESULTS (or $OUT/results, or
 benchmarks/results). ``--device cpu --shape tiny`` runs the same code on the CPU
-(tests/integration/test_bench_generation.py, with the FA4 stand-in).
+(tests/benchmarks/test_bench_generation.py, with the FA4 stand-in).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@
 #   PART=store   store benchmark + Ray benchmark
 #   PART=ray     Ray benchmark only (two GPUs)
 #   PART=cluster the cluster-tier benchmark (two Ray nodes, one per GPU; issue 27)
-#   PART=fuzz    the mask fuzz test only (tests/gpu/test_gpu_fuzz.py, 8 processes)
+#   PART=fuzz    the mask fuzz test only (tests/masks/test_fuzz_gpu.py, 8 processes)
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
 #   PART=cross   a bundle warmed on the CPU machine served here with 0 compiles (benchmarks/cross_host.py)
 #   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
-#   PART=generation  generate / generate_batch on FA4: tests/gpu/test_gpu_generation.py + bench_generation.py
+#   PART=generation  generate / generate_batch on FA4: tests/adapters/transformers/test_generation_gpu.py + bench_generation.py
 #                (GENERATION_BUDGET seconds, default 180; GENERATION_TESTS=0: no tests;
 #                GENERATION_ARGS: the benchmark's options; GENERATION_BENCH=0: tests only)
 #   TRANSFORMERS_WHEEL=path/to/transformers-X.whl (relative to the repo): every part on that transformers
@@ -64,7 +64,7 @@ if has tests || has fuzz; then
   export FA4CACHE_FUZZ_SEED=${FA4CACHE_FUZZ_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(1 << 30))")}
   echo "FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log"
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu -n 8 "$repo/tests/gpu/test_gpu_fuzz.py" > "$res/gpu_fuzz.log" 2>&1)
+     -o addopts="" -m gpu -n 8 "$repo/tests/masks/test_fuzz_gpu.py" > "$res/gpu_fuzz.log" 2>&1)
   # The whole log first, then the summary from it: a pipe into head would cut pytest short.
   grep -E "^(FAILED|ERROR|E  )|passed|failed|SEED" "$res/gpu_fuzz.log" | head -80 | tee -a "$out/run.log"
   echo "fuzz wall time: $(( $(date +%s) - start )) s, FA4CACHE_FUZZ_SEED=$FA4CACHE_FUZZ_SEED" | tee -a "$out/run.log" "$res/gpu_fuzz.log"
@@ -85,7 +85,7 @@ if [[ $parts == *" releases "* ]]; then
     export FA4CACHE_DIR=/tmp/fa4cache-rel-$rel
     rm -rf "$FA4CACHE_DIR"
     [ "${RELEASE_TESTS:-1}" != 0 ] && (cd /tmp && timeout ${RELEASE_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-       -o addopts="" -m gpu ${RELEASE_TESTS_K:+-k "$RELEASE_TESTS_K"} "$repo/tests/gpu/test_gpu.py" "$repo/tests/gpu/test_gpu_transformers.py" > "$res/gpu_release_$rel.log" 2>&1)
+       -o addopts="" -m gpu ${RELEASE_TESTS_K:+-k "$RELEASE_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" > "$res/gpu_release_$rel.log" 2>&1)
     [ -f "$res/gpu_release_$rel.log" ] && grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_release_$rel.log" | head -30 | tee -a "$out/run.log"
     # Two processes, one store: the second loads every kernel the first compiled.
     rm -rf "$FA4CACHE_DIR"
@@ -108,7 +108,7 @@ if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/gpu/test_gpu.py" "$repo/tests/gpu/test_gpu_transformers.py" > "$res/gpu_tests.log" 2>&1)
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" > "$res/gpu_tests.log" 2>&1)
   grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_tests.log" | head -60 | tee -a "$out/run.log"
 fi
 if has tests || has masks; then
@@ -138,7 +138,7 @@ if has generation; then
   # GENERATION_TESTS_TIMEOUT, default 200 s); GENERATION_ARGS: more benchmark options.
   if [ "${GENERATION_TESTS:-1}" != 0 ]; then
     (cd /tmp && timeout ${GENERATION_TESTS_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-       -o addopts="" -m gpu --durations=8 ${GENERATION_TESTS_K:+-k "$GENERATION_TESTS_K"} "$repo/tests/gpu/test_gpu_generation.py" > "$res/gpu_generation_tests_tf$tfver.log" 2>&1)
+       -o addopts="" -m gpu --durations=8 ${GENERATION_TESTS_K:+-k "$GENERATION_TESTS_K"} "$repo/tests/adapters/transformers/test_generation_gpu.py" > "$res/gpu_generation_tests_tf$tfver.log" 2>&1)
     grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_generation_tests_tf$tfver.log" | head -40 | tee -a "$out/run.log"
   fi
   # The benchmark keeps to its budget and writes each row as it finishes; the timeout is a

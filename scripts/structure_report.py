@@ -4,7 +4,7 @@ the public methods of ``Store``.
 
 Usage: python scripts/structure_report.py [--json]   (from the repository root)
 
-``tests/unit/test_structure.py`` builds its layering checks on the same graph (:func:`modules`,
+``tests/test_structure.py`` builds its layering checks on the same graph (:func:`modules`,
 :func:`imports`), so the report and the test answer one question one way.
 """
 

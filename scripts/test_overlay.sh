@@ -4,7 +4,7 @@
 #
 #   bash scripts/test_overlay.sh REQUIREMENT... -- PYTEST_ARGUMENTS...
 #   bash scripts/test_overlay.sh transformers==5.17.0 "huggingface-hub>=1.5,<2" -- \
-#       -q -n 2 tests/integration/test_transformers.py -m "not slow"
+#       -q -n 2 tests/adapters/transformers/test_transformers.py -m "not slow"
 #
 # Each requirement is downloaded with `pip download --no-deps` (so list the dependencies whose
 # installed version does not fit, as above) into build/overlay/ (git-ignored; kept, so a second
@@ -20,7 +20,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 if [ ${#reqs[@]} -eq 0 ] || [ $# -lt 2 ]; then
-  echo "usage: bash scripts/test_overlay.sh REQUIREMENT... -- PYTEST_ARGUMENTS... (e.g. transformers==5.17.0 -- -q tests/integration/test_transformers.py)" >&2
+  echo "usage: bash scripts/test_overlay.sh REQUIREMENT... -- PYTEST_ARGUMENTS... (e.g. transformers==5.17.0 -- -q tests/adapters/transformers/test_transformers.py)" >&2
   exit 2
 fi
 shift # the --

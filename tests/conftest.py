@@ -232,9 +232,19 @@ def copy_store(src: Path, dst: Path) -> Path:
 
 
 # ------------------------------------------------------------------ the fault table
-# Rows recorded by tests/faults (its ``record`` fixture) travel in each test's report, so a
-# parallel run's controller, which loads this conftest but not tests/faults', prints them.
+# Fault-injection tests (tests/store/test_faults.py, tests/adapters/fa4/test_fail_open.py) each
+# record what was injected and what happened; the table is printed at the end of the run.
 _FAULT_ROWS: list[tuple[str, ...]] = []
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Any:
+    # Through the test's report: under pytest-xdist the rows reach the controller that
+    # prints the table, not only the worker that ran the test.
+    def add(fault: str, injected: str, outcome: str) -> None:
+        request.node.user_properties.append(("fault_row", (fault, injected, outcome)))
+
+    return add
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

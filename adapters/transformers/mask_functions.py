@@ -125,7 +125,7 @@ def vmap_reason(kwargs: dict[str, Any]) -> str | None:
 
 
 # The model families whose mask makers take ``block_sequence_ids`` (transformers 5.24;
-# tests/unit/test_mask_functions.py fails when a new one appears).
+# tests/adapters/transformers/test_mask_functions.py fails when a new one appears).
 BLOCK_FAMILIES = (
     "deepseek_ocr2", "diffusion_gemma", "gemma3", "gemma4", "gemma4_unified", "git", "hrm_text",
     "molmo2", "paligemma", "pi0", "pi05", "unlimited_ocr",

@@ -26,7 +26,7 @@ from fa4cache.fingerprint import load_problem
 from fa4cache.settings import Settings
 from fa4cache.store.paths import TOOLCHAIN_FILE, EntryInfo, EntryRef, Layout
 
-from .counters import Counters
+from .counters import Counters, is_warm_process
 from .locks import KeyLocks, StoreLocks
 from .remote import named_tier
 from .root import open_root, readable_root, usable_base
@@ -233,7 +233,7 @@ class Store:
         ``stats``' hits: ``ls`` and ``stats`` count the same loads."""
         with self._touch_lock:
             pending, self._touches = self._touches, {}
-        hit = not _counters.is_warm_process()
+        hit = not is_warm_process()
         for ref, when in pending.items():
             self._write_use(ref, when, hit=hit)
         for tc in list(self._toolchains_used):

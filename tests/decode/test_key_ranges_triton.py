@@ -3,7 +3,7 @@ the PyTorch form's (fa4cache.decode.key_ranges._sequences) on random masks: left
 rows, masks wider and narrower than the keys, long/bool/int masks, strided views, 1 to 9
 KV heads; a mask that is not one run per row is refused by both. Run on the CPU through
 Triton's interpreter, in a subprocess (the interpreter is chosen at import). The GPU run is
-tests/gpu/test_gpu_generation.py's."""
+tests/adapters/transformers/test_generation_gpu.py's."""
 
 from __future__ import annotations
 

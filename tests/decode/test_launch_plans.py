@@ -36,7 +36,7 @@ from tests.helpers.switches import set_switch  # noqa: E402
 _PLANNED = fa4_releases.why_off(fa4_releases.Coupling.LAUNCH_PLANS) is None
 pytestmark = pytest.mark.skipif(
     not _PLANNED,
-    reason="launch plans are not verified on this FA4 (tests/unit/test_fa4_releases.py checks they are off)",
+    reason="launch plans are not verified on this FA4 (tests/test_fa4_releases.py checks they are off)",
 )
 
 SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(1 << 30)))

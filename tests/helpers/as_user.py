@@ -1,4 +1,4 @@
-"""A clean process that runs Python code as other users, for ``tests/store/test_security.py``.
+"""A clean process that runs Python code as other users, for ``tests/store/test_other_users.py``.
 
 Each request runs in a child forked from this server, which drops root after the fork.
 Forking the pytest process itself is unsafe once earlier tests have left threads in it (a

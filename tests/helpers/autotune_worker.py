@@ -1,4 +1,4 @@
-"""A real process that runs FA4 4.0.0b40's autotuner under fa4cache on the CPU (tests/integration/test_autotune.py).
+"""A real process that runs FA4 4.0.0b40's autotuner under fa4cache on the CPU (tests/adapters/fa4/test_autotune.py).
 
 FA4 is cross-compiled for an H200 (sm_90, 132 SMs) under FakeTensorMode. Prints one JSON line
 (prefixed ``RESULT ``) per step. Usage::
@@ -158,7 +158,7 @@ class _Warnings(logging.Handler):
 
 
 def _fault(stage: str | None, store: Any) -> Any:
-    """Make one of fa4cache's stages raise (tests/faults does the same for kernels)."""
+    """Make one of fa4cache's stages raise (tests/store/test_faults.py does the same for kernels)."""
     from fa4cache.adapters.fa4 import autotune as routed
 
     from fa4cache.errors import UnstableKeyError

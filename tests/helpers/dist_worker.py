@@ -1,4 +1,4 @@
-"""A rank of a ``torchrun`` job for tests/cluster/test_distributed.py (gloo, CPU).
+"""A rank of a ``torchrun`` job for tests/adapters/distributed/test_torchrun.py (gloo, CPU).
 
 Ranks are grouped into "nodes" of ``--per-node`` ranks, each node with its own store
 ``<base>/node-<n>``. Scenarios (``--scenario``):
@@ -236,7 +236,7 @@ def main() -> None:
 
 
 def attacked(store: Any, base: Path, rank: int, key: int, attack: str) -> dict[str, Any]:
-    """Two ranks, an attacker in between (tests/store/test_security_dist.py; ``lease``: it
+    """Two ranks, an attacker in between (tests/adapters/distributed/test_outsiders.py; ``lease``: it
     holds the key's lease instead of writing a copy): rank 0 first
     compiles what the attack needs (``swap``: the key itself; ``forge``: another key, whose
     signed manifest the attacker copies), then says where the job's store is in

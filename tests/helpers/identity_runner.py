@@ -1,4 +1,4 @@
-"""A real process that runs user-code cases against a store, for ``tests/integration/test_kernel_identity.py``.
+"""A real process that runs user-code cases against a store, for ``tests/test_identity_kernels.py``.
 
 Usage: ``python -m tests.helpers.identity_runner CASES_DIR NAME [NAME ...]``. Each ``NAME`` is a
 folder of ``CASES_DIR`` holding a ``main_<NAME>.py`` whose ``run()`` calls FA4 (a forward on

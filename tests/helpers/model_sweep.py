@@ -8,7 +8,7 @@ eager with fa4cache's attention called, or one of the outcomes the adapter must 
 refusal that names neither the model nor ``'eager'``). Families whose tiny config or inputs
 this sweep cannot make (eager itself fails) are counted as not driven, with the reason.
 
-The test (``tests/integration/test_transformers.py``) runs it under the FA4 stand-in and
+The test (``tests/adapters/transformers/test_transformers.py``) runs it under the FA4 stand-in and
 prints one line per family and the counts (``pytest -s``).
 """
 

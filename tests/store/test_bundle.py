@@ -315,7 +315,7 @@ def test_import_verify_refuses_what_it_could_not_rebuild_and_publishes_nothing(t
     assert "nothing was imported" in r.stdout and "--keep-unverified" in r.stdout
     assert _entries(tmp_path / "b") == set()
     # A spec that does not compile is no better than none (one that compiles another kernel:
-    # tests/store/test_security_keys.py::test_verify_rebuild_finds_bytes_filed_under_their_right_key).
+    # tests/store/test_bytes_bound_to_keys.py::test_verify_rebuild_finds_bytes_filed_under_their_right_key).
     wrong = tmp_path / "wrong.fa4b"
 
     def name_a_spec(m: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The leased remote tier (fa4cache/store/remote.py) over an in-memory transport: two real
 stores share kernels through it, and what it does on its own (verify, back off, wait, renew,
 count) is what the Ray and torch.distributed tiers do (their transports are tested with
-real jobs in tests/cluster/)."""
+real jobs in tests/ray_integration/ and tests/adapters/distributed/)."""
 
 from __future__ import annotations
 
