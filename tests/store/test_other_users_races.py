@@ -454,6 +454,9 @@ def test_a_squatted_base_store_is_ignored_by_default_and_refused_on_request(peop
 
 def test_node_id_with_a_placeholder_is_not_a_traceback(people: Any) -> None:
     victim, _, base = people
+    (base / "n1").mkdir()
+    os.chown(base / "n1", victim.uid, victim.gid)
+    _seed(victim, base / "n1" / "store")  # a store there: a named path with none is an error (exit 2)
     p = victim.cli(base / "{node_id}" / "store", "stats", "--json", env={"FA4CACHE_NODE_ID": "n1"})
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert json.loads(p.stdout)["cache_dir"] == str(base / "n1" / "store")
@@ -473,8 +476,10 @@ def test_a_user_without_a_passwd_entry_gets_a_path_of_its_own(people: Any) -> No
     )
     req["env"] = {"HOME": str(home)}  # no USER, no LOGNAME, no passwd entry
     reply = _server_request(req)
-    assert reply["returncode"] == 0 and "Traceback" not in reply["stderr"], reply["stderr"]
-    assert json.loads(reply["stdout"])["cache_dir"] == str(base / f"uid{uid}-cache")
+    # No store is there yet, which a named path must hold (exit 2); the message names the path
+    # the placeholder gave.
+    assert reply["returncode"] == 2 and "Traceback" not in reply["stderr"], reply["stderr"]
+    assert f"--cache-dir {base / f'uid{uid}-cache'} is not a store" in reply["stderr"], reply["stderr"]
 
 
 def _has_passwd(uid: int) -> bool:

@@ -81,7 +81,9 @@ def test_a_kernel_compiled_but_not_saved_is_a_failed_item() -> None:
     from fa4cache.adapters.compile.warm_specs import counted
 
     values = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "compile_seconds": 0.0, "publish_errors": 0}
-    store = SimpleNamespace(counts=lambda: dict(values))  # what warm reads of a Store
+    store = SimpleNamespace(
+        counters=SimpleNamespace(counts=lambda: dict(values))
+    )  # what warm reads of a Store
 
     def run() -> None:
         values["compiles"] += 1
