@@ -599,29 +599,35 @@ def _warm_phases(store: Path, jobs: int, env: dict[str, str]) -> dict[str, list[
 
 
 def fork_part(
-    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+    tmp: Path,
+    args: argparse.Namespace,
+    sections: list[tuple[str, str]],
+    data: dict[str, Any],
+    env: dict[str, str] | None = None,
 ) -> None:
     """Why a compile server's child compiles a kernel slower than FA4's own process: the step's
     backward (and forward) compiled (a) in the warm process alone (``-j 1``, one after the
-    other), (b) in one forked child alone (``-j 2`` on a store holding every kernel but the
-    backward), (c) in forked children all at once (``-j 4``), alternating, ``--rounds``."""
+    other), (b) in that process as its first trace (``-j 1`` on a store holding every kernel
+    but the backward), (c) in one forked child alone (``-j 2`` on that store), (d) in forked
+    children all at once (``-j 4``), alternating, ``--rounds``. (b) against (c) tells the
+    fork's cost from a process's first trace's."""
     import shutil
 
-    env = env_with()
+    env = env or env_with()
     base = tmp / "fork-base"
     base.mkdir()
-    _warm_phases(base / "store", 1, env)  # the store (b) starts from, less its backward
-    cases = ["in process, one at a time (-j 1)", "forked child, alone (-j 2, only bwd missing)",
-             "forked children, all at once (-j 4)"]  # fmt: skip
+    _warm_phases(base / "store", 1, env)  # the store (b) and (c) start from, less its backward
+    cases = ["in process, one at a time (-j 1)", "in process, bwd its first trace (-j 1, only bwd missing)",
+             "forked child, alone (-j 2, only bwd missing)", "forked children, all at once (-j 4)"]  # fmt: skip
     runs: dict[str, list[dict[str, list[float]]]] = {c: [] for c in cases}
     for r, case in alternating(cases, args.rounds):
         d = tmp / f"fork-{r}-{cases.index(case)}"
         d.mkdir()
-        if case.startswith("forked child, alone"):
+        if "only bwd missing" in case:
             shutil.copytree(base / "store", d / "store")
             for f in (d / "store").glob("v2/*/bwd/*"):
                 f.unlink()
-            got = _warm_phases(d / "store", 2, env)
+            got = _warm_phases(d / "store", 1 if "-j 1" in case else 2, env)
         else:
             got = _warm_phases(d / "store", 1 if "-j 1" in case else 4, env)
         runs[case].append(got)
@@ -686,7 +692,14 @@ def main() -> None:
     a = p.parse_args()
     if a.gpu and "OUT" in os.environ:
         os.environ.setdefault("FA4CACHE_RESULTS", os.environ["OUT"])
-    cpu(a) if a.cpu else gpu(a)
+    if a.cpu and "fork" in a.parts.split(","):
+        # The fork part on this machine's cross-compiles (no GPU needed: warm compiles only).
+        sections: list[tuple[str, str]] = []
+        with tempfile.TemporaryDirectory() as t:
+            fork_part(Path(t), a, sections, {}, env_with(**CPU_ENV, FA4CACHE_COMPILE_AHEAD="0"))
+        save("cold_start_fork_cpu", "Where a child's compile time goes, on the CPU", sections, {})
+    else:
+        cpu(a) if a.cpu else gpu(a)
 
 
 if __name__ == "__main__":
