@@ -10,7 +10,7 @@ CPU (2 cores here; no GPU):
 
 GPU (the H200 host, 16 cores; issue 53):
 
-    python benchmarks/bench_cold_start.py --gpu [--parts step,procs,model,contention,imports]
+    python benchmarks/bench_cold_start.py --gpu [--parts step,procs,model,contention,imports,fork]
 
   * step: one cold process's first step (T=6144, GQA 12/4, d=64, document mask, fwd+bwd through
     fa4cache.attention), FA4's own disk cache against fa4cache, alternating, median of
@@ -20,8 +20,9 @@ GPU (the H200 host, 16 cores; issue 53):
   * procs: ``--procs`` (8) cold processes on one host, FA4's own against fa4cache, alternating;
   * model: bench_transformers' packed Qwen3-shaped model (16 layers, d 128, 16K tokens), first
     training step on a fresh store against its slowest kernel's compile (warm -j 1, same run);
-  * fork: the step's backward compiled in process, in one forked child alone, and in forked
-    children at once (warm -j 1 / 2 / 4), alternating: where a child's compile loses time;
+  * fork: the step's backward compiled in process (after the forward, and as the process's
+    first trace), in one forked child alone, and in forked children at once (warm -j 1 / 2 / 4),
+    alternating: where a child's compile loses time (also on the CPU: --cpu --parts fork);
   * contention: K = 1, 2, 4 processes each compiling alone on its own store (the host's share);
   * imports: seconds to import torch and FA4 in a fresh process.
   Writes $OUT/cold_start_h200.{md,json} (OUT defaults to benchmarks/results).

@@ -78,7 +78,7 @@ _LAZY = {
     "Target": "fa4cache.aot.plan",
     "GenerationCall": "fa4cache.aot.plan",
     "warm": "fa4cache.adapters.compile.runner",
-    "WarmReport": "fa4cache.adapters.compile.runner",
+    "WarmReport": "fa4cache.adapters.compile.report",
     "attention": "fa4cache.ops.attention",
     "jit_cache": "fa4cache.adapters.jit.jit_cache",
     "expect_warm": "fa4cache.warmth",
@@ -92,7 +92,8 @@ _LAZY = {
 _SUBMODULES = ("adapters", "ray_integration", "masks", "ops", "store", "aot", "arch")
 
 if _typing.TYPE_CHECKING:
-    from fa4cache.adapters.compile.runner import WarmReport, warm
+    from fa4cache.adapters.compile.report import WarmReport
+    from fa4cache.adapters.compile.runner import warm
     from fa4cache.adapters.install import install, uninstall
     from fa4cache.adapters.jit.jit_cache import jit_cache
     from fa4cache.aot.plan import GenerationCall, Target, WarmPlan

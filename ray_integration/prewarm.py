@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from fa4cache.adapters.compile.runner import WarmReport
+from fa4cache.adapters.compile.report import WarmReport
 
 from fa4cache.aot.plan import WarmPlan
 from fa4cache.aot.spec import KernelSpec

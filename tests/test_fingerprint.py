@@ -135,7 +135,7 @@ OTHER = os.environ.get("FA4CACHE_OTHER_PYTHON")
 @pytest.mark.skipif(
     not OTHER,
     reason="needs FA4CACHE_OTHER_PYTHON: a second environment with this checkout installed and another "
-    "Python / torch (benchmarks/results/cross_env_cpu.md shows a run)",
+    "Python / torch (benchmarks/archive/2026-12-03/results/cross_env_cpu.md shows a run)",
 )
 def test_a_bundle_from_another_environment_compiles_nothing_here(tmp_path: Path) -> None:
     env = dict(os.environ, FA4CACHE_DIR=str(tmp_path / "other"), FLASH_ATTENTION_ARCH="sm_90",

@@ -2,7 +2,7 @@
 compile any one of them alone.
 
 A *job* is something that runs FA4 on fake CUDA tensors: a :class:`SpecJob` (what
-``warm`` compiles for a :class:`~fa4cache.spec.KernelSpec`) or a :class:`CallJob` (one
+``warm`` compiles for a :class:`~fa4cache.aot.spec.KernelSpec`) or a :class:`CallJob` (one
 FA4 entry point called with the layouts of a real call, for compile-ahead). Under
 ``FakeTensorMode`` FA4 checks each kernel's key in its compile cache and never calls
 the kernel, so a selector (:func:`fa4cache.adapters.fa4.compile_cache.select`) that answers

@@ -14,7 +14,7 @@ __all__ = ["SplitResult", "claim", "compile_across", "order", "warm_across"]
 
 def warm_across(jobs: Sequence[Any]) -> Any:
     """Deprecated: ``fa4cache.warm([spec, ...], split=True)``. ``jobs``: ``SpecJob`` s; returns
-    the :class:`~fa4cache.adapters.compile.runner.WarmReport`."""
+    the :class:`~fa4cache.adapters.compile.report.WarmReport`."""
     from fa4cache.adapters.compile.runner import warm
 
     from fa4cache.aot.spec import KernelSpec

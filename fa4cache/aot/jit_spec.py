@@ -1,7 +1,7 @@
 """Calls of ``jit_cache`` compile functions as JSON, for ``fa4cache warm`` (manifests and
 ``--hf-config --with-quack``).
 
-A manifest may mix FA4 kernel specs (:mod:`fa4cache.spec`) with entries naming any
+A manifest may mix FA4 kernel specs (:mod:`fa4cache.aot.spec`) with entries naming any
 ``@fa4cache.jit_cache`` function (or a QuACK ``jit_cache`` function, routed into the store
 by ``fa4cache.install()``) by module path and arguments::
 

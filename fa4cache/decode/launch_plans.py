@@ -3,7 +3,7 @@ and a plan's kernel looked up for a launch (:class:`Replay`).
 
 FA4's ``_flash_attn_fwd`` spends about 70 µs of Python on an H200 host choosing a kernel
 and its arguments; the launch itself takes about 9 µs
-(``benchmarks/results/decode_profile_h200.md``). Eager decoding calls it once per layer
+(``benchmarks/archive/2026-12-03/results/decode_profile_h200.md``). Eager decoding calls it once per layer
 and step, on the host's critical path, with the same choice every time.
 
 A *family* of calls is every fact FA4 plans from (each tensor's shape, strides, dtype,

@@ -3,7 +3,7 @@
 At one row, an eager step is bound by host time, not by the attention kernel. FA4's launch
 from Python (the step's key ranges, then a replayed launch in each layer) costs more host
 time per layer than torch's C++ dispatch of its own flash kernel. Measured on the H200
-inside ``generate`` (``benchmarks/results/probe_decode_ranges_h200.md``): 312 µs for the
+inside ``generate`` (``benchmarks/archive/2026-12-03/results/probe_decode_ranges_h200.md``): 312 µs for the
 first layer and 79 µs for each later one, against sdpa's 79 and 47.
 
 So such a step runs as transformers' sdpa runs it, with the same kernel and the same host

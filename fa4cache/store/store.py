@@ -61,7 +61,7 @@ class Store:
     """A store directory plus optional read-only base stores.
 
     Two named parts do the rest: ``store.counters`` (:class:`~fa4cache.store.counters.Counters`:
-    ``add``, ``counted``, ``counts``, ``flush``, ``fresh``) and ``store.locks``
+    ``add``, ``add_memory_hits``, ``counted``, ``counts``, ``flush``, ``fresh``) and ``store.locks``
     (:class:`~fa4cache.store.locks.StoreLocks`: ``acquire``, ``try_lock``, ``try_claim``,
     ``held_by_other``).
 

@@ -30,7 +30,7 @@ SEED = int(os.environ.get("FA4CACHE_FUZZ_SEED", random.SystemRandom().randrange(
 def test_plan_fills_the_sms_with_whole_tiles() -> None:
     print(f"FA4CACHE_FUZZ_SEED={SEED}")
     rng = random.Random(SEED)
-    # The H200 shapes measured (benchmarks/results/split_kv_h200.md): batch 1 and 8 with 4
+    # The H200 shapes measured (benchmarks/results/decode_split_h200.md): batch 1 and 8 with 4
     # KV heads, batch 8 with 8, batch 32 (no split).
     assert split_kv.plan(4, 2048, 132) == (16, 128)
     assert split_kv.plan(32, 2048, 132) == (4, 512)
