@@ -289,7 +289,14 @@ def server_env() -> dict[str, str] | None:
     env = compile_server.target_env()
     if store is None or not store.writable or env is None:
         return None
-    env["FA4CACHE_DIR"] = str(store.root)
+    return store_env(store, env)
+
+
+def store_env(store: Any, target: dict[str, str]) -> dict[str, str]:
+    """``target``'s variables plus what a server needs to compile into ``store``: its path
+    and, in a job, the job's leases."""
+    env = dict(target)
+    env["FA4CACHE_DIR"] = str(store.root) if store.root is not None else ""
     if store.remote is not None:  # in a job: the server compiles under the job's leases too
         env.update(store.remote.worker_env())
     return env

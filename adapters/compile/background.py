@@ -113,10 +113,7 @@ def start(store: Any, plan: WarmPlan, jobs: int | None) -> Warming:
     if _complete(specs, stored):
         rows = tuple(WarmRow(s, 0, n, 0.0, kernels=n) for s, n in zip(specs, stored))
         return Warming(plan, root, skipped="stored", rows=rows)
-    env = plan.target.env()
-    env["FA4CACHE_DIR"] = root or ""
-    if store.remote is not None:  # in a job: the children compile under the job's leases too
-        env.update(store.remote.worker_env())
+    env = ahead.store_env(store, plan.target.env())
     server = ahead._get_server(env=env) if store.writable else None
     if server is not None and not server.compiles_for(env):
         # This process's server compiles for another target: the run gets one of its own.

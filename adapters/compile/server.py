@@ -29,6 +29,7 @@ from typing import Any
 
 from fa4cache.adapters.compile.task import PARENT_ENV, CompileTask, encode_task
 
+from fa4cache.aot.plan import Target
 from fa4cache.arch import (
     ARCH_ENV,
     ARCH_VAR,
@@ -46,15 +47,20 @@ _live: set[CompileServer] = set()
 _live_lock = threading.Lock()
 
 
-def target_env(arch: int | None = None, num_sms: int | None = None) -> dict[str, str] | None:
-    """Environment that makes a GPU-blind worker compile this process's kernels: its arch
-    and SM count (:mod:`fa4cache.arch`: the GPU's, else the cross-compile target's); None
-    when unknown."""
-    arch = arch if arch is not None else resolved_arch()
-    num_sms = num_sms if num_sms is not None else num_sms_or_none()
+def process_target() -> Target | None:
+    """This process's target: its arch and SM count (:mod:`fa4cache.arch`: the GPU's, else
+    the cross-compile target's); None when unknown."""
+    arch, num_sms = resolved_arch(), num_sms_or_none()
     if arch is None or not num_sms or f"sm_{arch}" not in ARCH_ENV:
         return None
-    return cross_compile_env(f"sm_{arch}", num_sms)
+    return Target(f"sm_{arch}", num_sms)
+
+
+def target_env() -> dict[str, str] | None:
+    """Environment that makes a GPU-blind worker compile this process's kernels
+    (:func:`process_target`); None when the target is unknown."""
+    target = process_target()
+    return None if target is None else cross_compile_env(target.arch, target.num_sms)
 
 
 class CompileServer:

@@ -16,9 +16,10 @@ import threading
 from typing import Any
 
 from fa4cache.adapters.compile import ahead
+from fa4cache.adapters.compile import server as compile_server
 from fa4cache.adapters.compile.runner import warm
 
-from fa4cache.aot.plan import Target, WarmPlan
+from fa4cache.aot.plan import WarmPlan
 from fa4cache.store import runtime
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def start_model_set(specs: list[Any]) -> list[Any]:
     model and for the wrapper), or the store holds it."""
     if not specs or not ahead.enabled() or runtime.installed_store() is None:
         return []
-    target = process_target()
+    target = compile_server.process_target()
     if target is None:
         return []
     sig = json.dumps([s.to_dict() for s in specs], sort_keys=True)
@@ -54,17 +55,6 @@ def start_model_set(specs: list[Any]) -> list[Any]:
         return []
     log.info("fa4cache: compiling the kernel set of %s in %d background worker(s)", labels, run.workers)
     return [run]
-
-
-def process_target() -> Target | None:
-    """This process's target (its GPU's, else the cross-compile variables'), or None when
-    neither names one."""
-    from fa4cache.arch import ARCH_ENV, num_sms_or_none, resolved_arch
-
-    arch, num_sms = resolved_arch(), num_sms_or_none()
-    if arch is None or not num_sms or f"sm_{arch}" not in ARCH_ENV:
-        return None
-    return Target(f"sm_{arch}", num_sms)
 
 
 def specs_of_config(config: Any) -> list[Any]:

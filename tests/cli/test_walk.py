@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import ROOT, run_cli, worker_env
+from tests.helpers.cli_stores import cli
 
 # ---------------------------------------------------------------- ls and stats count the same loads
 
@@ -55,14 +56,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The CLI with the store named only by ``args`` and ``env`` (no FA4CACHE_DIR otherwise)."""
     full = {k: v for k, v in worker_env(Path("/unused")).items() if k != "FA4CACHE_DIR"}
     full.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "fa4cache", *args],
-        cwd=ROOT,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return cli(*args, env=full, timeout=120)
 
 
 def test_a_mistyped_store_path_is_said_with_the_fix_and_never_made(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ EMPTY = "fedcba9876543210fedc"  # one recorded by a process that compiled nothin
 DAY = 86400.0
 
 
-def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
     """``fa4cache ARGS`` as a user types it (no --cache-dir added)."""
     return subprocess.run(
         [sys.executable, "-m", "fa4cache", *args],
@@ -28,7 +30,7 @@ def cli(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Complet
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
 
 
