@@ -276,8 +276,19 @@ def step_procs(
                 env=env_with(), capture_output=True, text=True, cwd=tempfile.gettempdir(), check=True,
             ).stdout
         )  # fmt: skip
-    recorded = [json.loads(x) for x in phases.read_text().splitlines()] if phases.exists() else []
-    return results, wall, st, recorded
+    return results, wall, st, read_phases(phases)
+
+
+def read_phases(path: Path) -> list[dict[str, Any]]:
+    """The phases every process of a run recorded (benchmarks/phases/), one JSON line each."""
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def codegen_of(trace: dict[str, Any], codegens: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The codegen phase that followed ``trace`` in its process (the same kernel's), if any."""
+    return next(
+        (x for x in codegens if x["pid"] == trace["pid"] and x["start"] >= trace["end"] - 0.001), None
+    )
 
 
 BREAKDOWN_HEAD = [
@@ -306,7 +317,7 @@ def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> 
     codegens = [p for p in phases if p["phase"] == "codegen"]
     rows, elsewhere_end = [], 0.0
     for t in traces:
-        c = next((x for x in codegens if x["pid"] == t["pid"] and x["start"] >= t["end"] - 0.001), None)
+        c = codegen_of(t, codegens)
         end = c["end"] if c else t["end"]
         where = "process" if t["pid"] == me else f"worker {t['pid']}"
         if t["pid"] != me:
@@ -582,7 +593,7 @@ def _warm_phases(store: Path, jobs: int, env: dict[str, str]) -> dict[str, list[
     p = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr[-3000:]}")
-    recorded = [json.loads(x) for x in phases.read_text().splitlines()] if phases.exists() else []
+    recorded = read_phases(phases)
     traces = [r for r in recorded if r["phase"] == "trace"]
     codegens = [r for r in recorded if r["phase"] == "codegen"]
     out: dict[str, list[float]] = {}
@@ -591,7 +602,7 @@ def _warm_phases(store: Path, jobs: int, env: dict[str, str]) -> dict[str, list[
         kind = "bwd" if "bwd_sm" in name else "fwd" if "fwd_sm" in name else None
         if kind is None:
             continue
-        c = next((x for x in codegens if x["pid"] == t["pid"] and x["start"] >= t["end"] - 0.001), None)
+        c = codegen_of(t, codegens)
         out[kind] = [t["end"] - t["start"], (c["end"] - c["start"]) if c else float("nan")]
     for kind, _, _, secs in store_spans(store, 0.0):
         if kind in out:
