@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -338,6 +339,21 @@ def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> 
     return row, timeline
 
 
+def process_timeline(res: dict[str, Any], phases: list[dict[str, Any]]) -> str:
+    """Every phase every process of the run recorded during one first step, in order of start
+    (seconds from the go): where the step's critical path goes."""
+    go, first, me = res["go_at"], res["first_s"], res["pid"]
+    rows = []
+    for p in sorted(phases, key=lambda p: p["start"]):
+        if p["start"] < go - 0.001 or p["start"] > go + first:
+            continue
+        who = "process" if p["pid"] == me else f"pid {p['pid']}"
+        rows.append(
+            [who, p["phase"], p.get("name", "")[:40], p["start"] - go, p["end"] - go, p["end"] - p["start"]]
+        )
+    return table(["who", "phase", "kernel", "start s", "end s", "s"], rows)
+
+
 def alternating(cases: list[Any], rounds: int) -> Iterator[tuple[int, Any]]:
     """``(round, case)`` for ``rounds`` rounds of ``cases``, every other round in reverse order
     (a host that drifts during a run then weighs on every case alike)."""
@@ -363,9 +379,25 @@ def step_part(
         res, _, st, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, f"step-{mode}-{ahead}-{r}")
         runs[label].append({"result": res[0], "stats": st, "phases": ph, "tag": f"step-{mode}-{ahead}-{r}"})
         print(f"round {r} cold step {label}: {res[0]['first_s']:.2f} s", flush=True)
+    # The floor: a cold process on a store holding every kernel of the step but the forward
+    # (the copy a fa4cache run left, less its forward), so that the step compiles its forward
+    # itself, with nothing beside it (no compile-ahead), and loads the rest: no design that
+    # compiles the forward in the step does better.
+    floor_label = "fa4cache, only the forward missing (the floor)"
+    runs[floor_label] = []
+    for r in range(args.rounds):
+        tag = f"floor-{r}"
+        (tmp / tag).mkdir()
+        shutil.copytree(tmp / runs["fa4cache"][r]["tag"] / "store", tmp / tag / "store")
+        for f in (tmp / tag / "store").glob("v2/*/fwd/*"):
+            f.unlink()
+        res, _, st, ph = step_procs(tmp, 1, "fa4cache", "varlen", args.seqlen, False, tag, reuse=True)
+        runs[floor_label].append({"result": res[0], "stats": st, "phases": ph, "tag": tag})
+        print(f"round {r} floor step: {res[0]['first_s']:.2f} s", flush=True)
+    cases.append((floor_label, "floor", True))
     own = statistics.median(x["result"]["first_s"] for x in runs[cases[0][0]])
     rows, brk, timelines = [], [], []
-    for label, _, _ in cases:
+    for label, mode, _ in cases:
         firsts = [x["result"]["first_s"] for x in runs[label]]
         med = statistics.median(firsts)
         rows.append([label, med, " ".join(f"{f:.2f}" for f in firsts), med / own])
@@ -373,6 +405,10 @@ def step_part(
         row, tl = breakdown(label, m["result"], m["phases"])
         brk.append(row)
         timelines.append((f"Kernels compiled during the median cold step, {label}", tl))
+        if mode == "fa4cache":
+            timelines.append(
+                (f"Every phase of the median cold step, {label}", process_timeline(m["result"], m["phases"]))
+            )
     data["cold step"] = runs
     shape = f"T={args.seqlen}, GQA 12/4, d=64, bf16, document mask, fwd+bwd (fa4cache.attention)"
     sections.append(
@@ -386,11 +422,14 @@ def step_part(
     # A warm process: the same step on the store the cold runs left.
     wruns: dict[str, list[float]] = {c[0]: [] for c in cases[:2]}
     servers: dict[str, int] = {c[0]: 0 for c in cases[:2]}
+    warm_fa4cache: list[dict[str, Any]] = []
     for r, (label, mode, ahead) in alternating(cases[:2], args.rounds):
         tag = runs[label][0]["tag"]
         res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True)
         wruns[label].append(res[0]["first_s"])
         servers[label] += sum(1 for p in ph if p["phase"] == "server_spawn")
+        if mode == "fa4cache":
+            warm_fa4cache.append({"result": res[0], "phases": ph})
         print(
             f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}",
             flush=True,
@@ -419,6 +458,10 @@ def step_part(
                 ],
             ),  # fmt: skip
         )
+    )
+    m = median_run(warm_fa4cache)
+    sections.append(
+        ("Every phase of the median warm step, fa4cache", process_timeline(m["result"], m["phases"]))
     )
     data["warm step"] = {"runs": wruns, "servers": servers}
 

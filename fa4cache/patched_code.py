@@ -24,11 +24,14 @@ check runs once).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import operator
 import os
 import sys
 import threading
 import types
+from dataclasses import dataclass
 from typing import Any
 
 from fa4cache.identity import library_label
@@ -56,8 +59,11 @@ def _own_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
+_SUBMODULE = tuple(p + "." for p in PACKAGES)
+
+
 def _in_package(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in PACKAGES)
+    return name in PACKAGES or name.startswith(_SUBMODULE)
 
 
 def _functions(obj: Any) -> list[types.FunctionType]:
@@ -114,40 +120,101 @@ def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
     return not _library_file(filename, own)
 
 
+@dataclass
+class _Walked:
+    """What one module or class held when it was last walked, and what the walk found in it:
+    a later walk that finds it holding the same objects, with the same code and wrappers,
+    takes the findings as they were instead of judging every function again."""
+
+    members: dict[str, Any]  # a copy of vars() as walked
+    found: list[str]
+    fns: list[types.FunctionType]  # every function judged, through wrappers
+    marks: tuple[list[Any], ...]  # their code, __wrapped__ and neutral marks as judged (_marks)
+    classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
+
+
+def _marks(fns: list[types.FunctionType]) -> tuple[list[Any], ...]:
+    """What the verdict on each function reads besides its identity: its code, ``__wrapped__``
+    and neutral mark (in C: no Python frame per function)."""
+    return (
+        list(map(operator.attrgetter("__code__"), fns)),
+        list(map(getattr, fns, itertools.repeat("__wrapped__"), itertools.repeat(None))),
+        list(map(getattr, fns, itertools.repeat(NEUTRAL), itertools.repeat(None))),
+    )
+
+
+_SIMPLE = (types.FunctionType, staticmethod, classmethod, property, functools.partial)
+_walk_lock = threading.Lock()
+_walked: dict[int, tuple[Any, _Walked]] = {}  # id(module or class) -> it, what its walk saw
+
+
+def _walk(qualname: str, members: dict[str, Any], own: tuple[str, ...], module: str | None) -> _Walked:
+    found: list[str] = []
+    fns: list[types.FunctionType] = []
+    classes: list[tuple[str, type]] = []
+    for name, obj in members.items():
+        if isinstance(obj, _SIMPLE):
+            for fn in _functions(obj):
+                fns.append(fn)
+                if _foreign(fn, own):
+                    found.append(f"{qualname}.{name} ({fn.__code__.co_filename})")
+        elif (
+            module is not None
+            and isinstance(obj, type)
+            and obj.__dict__.get("__module__") == module
+            and not module.startswith(_GENERATED)
+        ):
+            classes.append((name, obj))
+    return _Walked(members, found, fns, _marks(fns), classes)
+
+
+def _unchanged(obj: Any, seen: _Walked | None, members: Any) -> bool:
+    if seen is None:
+        return False
+    try:
+        same = seen.members == members  # in C, each value by identity first
+    except Exception:  # a value whose == raises (an array): judge it again
+        return False
+    return bool(same) and _marks(seen.fns) == seen.marks
+
+
+def _container(
+    qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[int, Any]
+) -> _Walked:
+    members = vars(obj)
+    prev = _walked.get(id(obj))
+    seen = prev[1] if prev is not None and prev[0] is obj else None
+    if not _unchanged(obj, seen, members):
+        seen = _walk(qualname, dict(members), own, module)
+    assert seen is not None
+    live[id(obj)] = (obj, seen)
+    return seen
+
+
 def runtime_patches() -> list[str]:
     """``name (file)`` of each function of the imported FA4, DSL and QuACK modules that comes
-    from neither a library's file nor fa4cache's own; empty when none was patched."""
+    from neither a library's file nor fa4cache's own; empty when none was patched.
+
+    Each module and class is judged again only where it changed since the last call (another
+    object in one of its names, a function's code or wrapper replaced): the first call walks
+    every function (about a second on a busy host, done in a thread when FA4 is imported,
+    :func:`warm_up`), the one at the first kernel's key then costs milliseconds."""
+    global _walked
     own = _own_roots()
-    seen: set[int] = set()
     found: list[str] = []
-
-    def check(qualname: str, obj: Any) -> None:
-        for fn in _functions(obj):
-            if id(fn) in seen:
+    with _walk_lock:
+        live: dict[int, Any] = {}
+        for mod_name, module in list(sys.modules.items()):
+            if module is None or not _in_package(mod_name):
                 continue
-            seen.add(id(fn))
-            if _foreign(fn, own):
-                found.append(f"{qualname} ({fn.__code__.co_filename})")
-
-    simple = (types.FunctionType, staticmethod, classmethod, property, functools.partial)
-    for mod_name, module in list(sys.modules.items()):
-        if module is None or not _in_package(mod_name):
-            continue
-        try:
-            members = list(vars(module).items())
-        except TypeError:  # an odd module (a lazy proxy): nothing to say about it
-            continue
-        for name, obj in members:
-            if isinstance(obj, simple):
-                check(f"{mod_name}.{name}", obj)
-            elif (
-                isinstance(obj, type)
-                and obj.__dict__.get("__module__") == mod_name
-                and not mod_name.startswith(_GENERATED)
-            ):
-                for attr, member in list(vars(obj).items()):
-                    if isinstance(member, simple):
-                        check(f"{mod_name}.{name}.{attr}", member)
+            try:
+                seen = _container(mod_name, module, own, mod_name, live)
+            except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
+                continue
+            found += seen.found
+            for name, cls in seen.classes:
+                found += _container(f"{mod_name}.{name}", cls, own, None, live).found
+        _walked = live
     return sorted(set(found))
 
 
@@ -189,10 +256,12 @@ def found_once() -> tuple[str, ...]:
 
 
 def warm_up() -> None:
-    """Read, in a background thread, where the functions of the modules imported so far come
-    from (the realpath of each file: most of a first check's cost), so that the check at the
-    first kernel's key, on a step's critical path, finds them known. Called when FA4's
-    interface is imported; the verdict itself is still taken at the first key."""
+    """Walk, in a background thread, the functions of the modules imported so far, so that the
+    check at the first kernel's key, on a step's critical path, judges only what changed since
+    (:func:`runtime_patches`). Called when FA4's interface is imported; the verdict itself is
+    still taken at the first key."""
+    if _found is not None:
+        return  # the verdict is taken (a compile server takes it before it installs): no thread
 
     def run() -> None:
         try:

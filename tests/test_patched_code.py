@@ -96,3 +96,28 @@ def test_found_once_checks_once_and_forget_checks_again(module: types.ModuleType
     assert not [f for f in patched_code.found_once() if f.startswith(NAME)]  # memoised: once per process
     patched_code.forget()
     assert [f for f in patched_code.found_once() if f.startswith(NAME)]
+
+
+@pytest.mark.parametrize("change", ["assigned", "code replaced", "wrapped", "class method"])
+def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType, change: str) -> None:
+    # The walk judges again only what changed since the last one (the first key's check after
+    # the warm-up's): every kind of change must count as one.
+    def library_like(x: int) -> int:
+        return x
+
+    library_like.__code__ = os.path.join.__code__  # code of a library file: not a patch
+    module.call_mask_mod = library_like
+    assert _found() == []
+    if change == "assigned":
+        module.call_mask_mod = _hot_fix
+    elif change == "code replaced":
+        library_like.__code__ = _hot_fix.__code__
+    elif change == "wrapped":
+        library_like.__wrapped__ = _hot_fix  # type: ignore[attr-defined]
+    else:
+        module.Kernel.apply_mask = _hot_fix
+    found = _found()
+    assert len(found) == 1 and __file__ in found[0], found
+    if change == "assigned":  # undone: clean again
+        module.call_mask_mod = library_like
+        assert _found() == []

@@ -314,6 +314,12 @@ def _get_server(
     if configure and env is None:
         return None
     with _lock:
+        if _server is not None and env is not None and not _server.compiles_for(env):
+            # Configured early for another target (another device of this process): a server
+            # refuses tasks of another toolchain, so a new one compiles for this one.
+            log.info("fa4cache: the compile server compiles for another target; starting one for this one")
+            _server.close(wait=False)
+            _server = None
         if _server is None or _server.proc.poll() is not None:
             store = runtime.installed_store()
             if store is None or not store.writable:
@@ -335,7 +341,44 @@ def start_server_at_install() -> None:
     from fa4cache.arch import cuda_devices_visible
 
     if _server is None and enabled() and cuda_devices_visible() and not _store_is_warm():
-        _get_server(configure=False)
+        server = _get_server(configure=False)
+        if server is not None:
+            threading.Thread(
+                target=_configure_when_cuda_is_up, args=(server,), name="fa4cache-server-target", daemon=True
+            ).start()
+
+
+# How often the watcher looks whether this process has started CUDA.
+CUDA_POLL_SECONDS = 0.05
+
+
+def _configure_when_cuda_is_up(server: compile_server.CompileServer) -> None:
+    """Tell ``server`` this process's target as soon as this process has started CUDA itself
+    (its model moved to the GPU, its first tensors made): the server then installs the store and
+    is ready before the first step's miss, which would otherwise wait for that (about a second
+    on a busy host). Asking never starts CUDA here: until this process has, the first miss
+    tells the server (:func:`_get_server`). The target is read from this thread's current device;
+    a miss in a process whose device differs replaces the server (:func:`_get_server`)."""
+    import sys
+
+    while server.proc.poll() is None and not server.configured and server is _server:
+        torch = sys.modules.get("torch")
+        # Not a torch still being imported (by this process's main thread, at this moment).
+        importing = torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False)
+        try:
+            up = not importing and torch.cuda.is_initialized()
+        except Exception:  # torch.cuda half imported: ask again
+            up = False
+        if up:
+            try:
+                env = server_env()
+            except Exception as e:  # asking the GPU failed: the miss configures it
+                log.debug("fa4cache: compile server target not known early: %s", e)
+                return
+            if env is not None:
+                server.configure(env)
+            return
+        time.sleep(CUDA_POLL_SECONDS)
 
 
 def _store_is_warm() -> bool:

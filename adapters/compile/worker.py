@@ -297,6 +297,14 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="fa4cache worker %(process)d: %(message)s")
     import flash_attn.cute.interface  # noqa: F401  (imported once, here: every child has it)
 
+    # The run-time patch check (fa4cache.patched_code), once here and before the configuration
+    # comes (it comes at the parent's first miss at the latest, and the check is a walk of every
+    # FA4, DSL and QuACK function: about a second on a busy host): the forked children inherit
+    # the verdict instead of each paying for it before its kernel's key. Nothing but library
+    # code has run here, and install() below only adds fa4cache's own patches (which the check
+    # allows) and imports library modules, as they are in their files; a task that imports
+    # other code is checked again (serve).
+    patched_code.found_once()
     config = read_task()
     if config is None:
         os._exit(0)  # the parent left before it knew what to compile
@@ -304,9 +312,6 @@ def main() -> int:
     from fa4cache.adapters.patch import install
 
     install()
-    # The run-time patch check (fa4cache.patched_code), once here: the forked children inherit
-    # it instead of each paying for it before its kernel's key.
-    patched_code.found_once()
     _say("READY")
     serve()
     # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the

@@ -7,7 +7,10 @@ Phases: ``server_spawn`` (a compile server started), ``server_import`` (in the s
 start to FA4 imported), ``lookup`` (fa4cache's key and store lookup for one FA4 compile-cache key), ``compile``
 (``cute.compile`` as FA4 calls it, all of the below), ``trace`` (the DSL running the kernel's
 Python into MLIR), ``codegen`` (the MLIR pass pipeline, ptxas included), ``publish`` (export and
-store write). The modules are wrapped as they are imported, so importing this costs nothing.
+store write); for a step's timeline also ``load`` (a store entry read and loaded), ``lock_wait``
+(a key's lock taken, waiting for its holder), ``export``, ``plan`` (a kernel set listed),
+``patch_check`` (the run-time patch walk) and ``task`` (a compile server's child running its
+task). The modules are wrapped as they are imported, so importing this costs nothing.
 """
 
 from __future__ import annotations
@@ -54,7 +57,14 @@ _WRAP = {
     "fa4cache.adapters.fa4.compile_cache": [
         ("StoreCompileCache", "__contains__", "lookup"),
         ("StoreCompileCache", "__setitem__", "publish"),
+        ("StoreCompileCache", "_try_load", "load"),
     ],
+    # inside the phases above, for the timeline of a step (bench_cold_start's step part)
+    "fa4cache.store.locks": [("StoreLocks", "acquire", "lock_wait")],
+    "fa4cache.adapters.route": [("Route", "_export", "export")],
+    "fa4cache.adapters.compile.kernel_set": [(None, "plan", "plan")],
+    "fa4cache.adapters.compile.worker": [(None, "run_task", "task")],
+    "fa4cache.patched_code": [(None, "runtime_patches", "patch_check")],
 }
 
 

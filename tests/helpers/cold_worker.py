@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument(
         "--gpu-host", action="store_true", help="answer 'a GPU is visible' (device files) as a GPU host would"
     )
+    p.add_argument("--cuda-up", action="store_true", help="say CUDA is initialized here after install()")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -57,6 +58,16 @@ def main() -> None:
     from fa4cache.adapters.compile import ahead as compile_ahead
 
     server_at_install = compile_ahead._server is not None
+    configured_before_step = False
+    if a.cuda_up:  # this process starts CUDA (its model moved to the GPU): the server learns the target now
+        # (said only while the watcher looks: this CPU build's torch has no CUDA to ask further)
+        real, torch.cuda.is_initialized = torch.cuda.is_initialized, lambda: True
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not configured_before_step:
+            server = compile_ahead._server
+            configured_before_step = server is not None and server.configured
+            time.sleep(0.01)
+        torch.cuda.is_initialized = real
     import flash_attn.cute.interface  # noqa: F401  (imports are not part of a step)
 
     T, H = a.seqlen, a.heads
@@ -106,6 +117,7 @@ def main() -> None:
                 "counters": store.counters.values,
                 "worker_pids": pids,
                 "server_at_install": server_at_install,
+                "configured_before_step": configured_before_step,
             }
         ),
         flush=True,

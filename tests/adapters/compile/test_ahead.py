@@ -231,16 +231,20 @@ def _entries(cache: Path) -> dict[tuple[str, str], str]:
     return out
 
 
-def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_path: Path) -> None:
+@pytest.mark.parametrize("told", ["at the first miss", "once the process starts CUDA"])
+def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_path: Path, told: str) -> None:
     """On a GPU host the server starts at install(), importing FA4 before it knows the
-    target, and is told the target at the first miss: its kernels must be the ones this
-    process would compile itself, byte for byte (same keys, same toolchain, same target)."""
+    target, and is told the target as soon as this process has started CUDA, else at the
+    first miss: its kernels must be the ones this process would compile itself, byte for byte
+    (same keys, same toolchain, same target)."""
     rng = random.Random(SEED)
     T = rng.choice([256, 512, 768])
-    print(f"seed {SEED}: seqlen {T}")
+    print(f"seed {SEED}: seqlen {T}, told {told}")
     early = tmp_path / "early"
-    fwd = finish(cold(early, "forward", "--seqlen", str(T), "--gpu-host"))
+    up = ["--cuda-up"] if told.endswith("CUDA") else []
+    fwd = finish(cold(early, "forward", "--seqlen", str(T), "--gpu-host", *up))
     assert fwd["server_at_install"]
+    assert fwd["configured_before_step"] == bool(up)
     assert fwd["counters"]["compiles"] == 1  # the forward, in the process itself
     st = stats(early)
     assert st["ahead_compiles"] == st["entries"] - 1 == 3  # the backward: by the server's workers
