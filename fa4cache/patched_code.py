@@ -24,7 +24,6 @@ check runs once).
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import operator
 import os
@@ -66,9 +65,11 @@ def _in_package(name: str) -> bool:
     return name in PACKAGES or name.startswith(_SUBMODULE)
 
 
-def _functions(obj: Any) -> list[types.FunctionType]:
+def _functions(obj: Any, links: list[tuple[Any, str, Any]] | None = None) -> list[types.FunctionType]:
     """The Python functions ``obj`` runs as: itself and what it wraps, through ``__wrapped__``,
-    ``functools.partial``, static and class methods and properties."""
+    ``functools.partial``, static and class methods and properties. ``links``: each link
+    followed from an object that is not a function is appended as (object, attribute, target)
+    (a function's ``__wrapped__`` is in :func:`_marks`)."""
     out: list[types.FunctionType] = []
     todo = [obj]
     while todo and len(out) < _MAX_WRAPPED:
@@ -78,14 +79,22 @@ def _functions(obj: Any) -> list[types.FunctionType]:
             nxt = obj.__dict__.get("__wrapped__") if obj.__dict__ else None
             if nxt is not None and nxt is not obj:
                 todo.append(nxt)
-        elif isinstance(obj, (staticmethod, classmethod)):
-            todo.append(obj.__func__)
+            continue
+        if isinstance(obj, (staticmethod, classmethod)):
+            followed = [("__func__", obj.__func__)]
         elif isinstance(obj, property):
-            todo += [f for f in (obj.fget, obj.fset, obj.fdel) if f is not None]
+            followed = [("fget", obj.fget), ("fset", obj.fset), ("fdel", obj.fdel)]
         elif isinstance(obj, functools.partial):
-            todo.append(obj.func)
-        elif isinstance(obj, types.FunctionType):
-            out.append(obj)
+            followed = [("func", obj.func)]
+        else:
+            if isinstance(obj, types.FunctionType):
+                out.append(obj)
+            continue
+        for attr, target in followed:
+            if links is not None:
+                links.append((obj, attr, target))
+            if target is not None:
+                todo.append(target)
     return out
 
 
@@ -123,71 +132,135 @@ def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
 @dataclass
 class _Walked:
     """What one module or class held when it was last walked, and what the walk found in it:
-    a later walk that finds it holding the same objects, with the same code and wrappers,
-    takes the findings as they were instead of judging every function again."""
+    a later walk that finds everything the verdict read unchanged takes the findings as they
+    were instead of judging every function again. Unchanged is identity throughout, never
+    ``==`` (which a value may define to say anything): the same objects under the same names,
+    the same links out of static and class methods, properties and partials, each function's
+    code, ``__wrapped__``, neutral mark and module, and each class member's ``__module__``."""
 
-    members: dict[str, Any]  # a copy of vars() as walked
+    names: list[str]  # vars() as walked: its names, in order,
+    values: list[Any]  # and the objects they held
     found: list[str]
     fns: list[types.FunctionType]  # every function judged, through wrappers
-    marks: tuple[list[Any], ...]  # their code, __wrapped__ and neutral marks as judged (_marks)
+    marks: list[Any]  # what the verdict read of each (_marks)
+    links: tuple[list[Any], list[str], list[Any]]  # holders, attributes, targets (_functions)
+    types_: list[type]  # the classes among the values,
+    type_modules: list[Any]  # with their __module__ as walked (which of them are "defined here")
     classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
 
 
-def _marks(fns: list[types.FunctionType]) -> tuple[list[Any], ...]:
-    """What the verdict on each function reads besides its identity: its code, ``__wrapped__``
-    and neutral mark (in C: no Python frame per function)."""
-    return (
-        list(map(operator.attrgetter("__code__"), fns)),
-        list(map(getattr, fns, itertools.repeat("__wrapped__"), itertools.repeat(None))),
-        list(map(getattr, fns, itertools.repeat(NEUTRAL), itertools.repeat(None))),
-    )
+_dict_of = operator.attrgetter("__dict__")
+_get_module = operator.methodcaller("get", "__module__")
+_get_wrapped = operator.methodcaller("get", "__wrapped__")
+_get_neutral = operator.methodcaller("get", NEUTRAL)
+
+
+def _marks(fns: list[types.FunctionType]) -> list[Any]:
+    """What the verdict on each function reads besides its identity: its code, ``__wrapped__``,
+    neutral mark and module (in C: no Python frame per function)."""
+    dicts = list(map(_dict_of, fns))  # (a function's attributes live in its __dict__)
+    return [
+        *map(operator.attrgetter("__code__"), fns),
+        *map(_get_wrapped, dicts),
+        *map(_get_neutral, dicts),
+        *map(operator.attrgetter("__module__"), fns),
+    ]
+
+
+def _type_modules(classes: list[type]) -> list[Any]:
+    return list(map(_get_module, map(_dict_of, classes)))
+
+
+def _same(now: Any, then: list[Any]) -> bool:
+    """Whether ``now`` holds the objects ``then`` holds, in order (by identity, in C)."""
+    return all(map(operator.is_, now, then))
 
 
 _SIMPLE = (types.FunctionType, staticmethod, classmethod, property, functools.partial)
 _walk_lock = threading.Lock()
-_walked: dict[int, tuple[Any, _Walked]] = {}  # id(module or class) -> it, what its walk saw
+# (id(module or class), the module name it was walked under) -> it, what its walk saw. The
+# name is part of the key: one module object listed under two names (cutlass.cuda is
+# cutlass.base_dsl.runtime.cuda) has other classes "defined here" under each.
+_walked: dict[tuple[int, str | None], tuple[Any, _Walked]] = {}
 
 
-def _walk(qualname: str, members: dict[str, Any], own: tuple[str, ...], module: str | None) -> _Walked:
-    found: list[str] = []
+def _traverse(values: list[Any]) -> tuple[list[types.FunctionType], list[tuple[Any, str, Any]], list[int]]:
+    """Every function the members run as, the links followed to them, and for each function
+    the index of the member it came from."""
     fns: list[types.FunctionType] = []
-    classes: list[tuple[str, type]] = []
-    for name, obj in members.items():
+    links: list[tuple[Any, str, Any]] = []
+    owner: list[int] = []
+    for i, obj in enumerate(values):
         if isinstance(obj, _SIMPLE):
-            for fn in _functions(obj):
-                fns.append(fn)
-                if _foreign(fn, own):
-                    found.append(f"{qualname}.{name} ({fn.__code__.co_filename})")
-        elif (
-            module is not None
-            and isinstance(obj, type)
-            and obj.__dict__.get("__module__") == module
-            and not module.startswith(_GENERATED)
-        ):
-            classes.append((name, obj))
-    return _Walked(members, found, fns, _marks(fns), classes)
+            got = _functions(obj, links)
+            fns += got
+            owner += [i] * len(got)
+    return fns, links, owner
 
 
-def _unchanged(obj: Any, seen: _Walked | None, members: Any) -> bool:
+def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None) -> tuple[_Walked, bool]:
+    """Judge the functions of one module or class; the record of what was judged, and whether
+    nothing the verdict read changed while it was judged (another thread patching meanwhile):
+    only then is the record kept, else the next call walks it again."""
+    items = list(members.items())  # one read: names and objects from the same moment
+    names, values = [n for n, _ in items], [v for _, v in items]
+    fns, links, owner = _traverse(values)
+    marks = _marks(fns)
+    found = [
+        f"{qualname}.{names[i]} ({fn.__code__.co_filename})" for fn, i in zip(fns, owner) if _foreign(fn, own)
+    ]
+    classes_ = [v for v in values if isinstance(v, type)]
+    type_modules = _type_modules(classes_)
+    classes = (
+        [
+            (n, v)
+            for n, v in zip(names, values)
+            if isinstance(v, type) and v.__dict__.get("__module__") == module
+        ]
+        if module is not None and not module.startswith(_GENERATED)
+        else []
+    )
+    fns2, links2, _ = _traverse(values)
+    stable = (
+        len(fns2) == len(fns)
+        and _same(fns2, fns)
+        and _same(_marks(fns), marks)
+        and len(links2) == len(links)
+        and all(a is b for x, y in zip(links2, links) for a, b in zip(x, y))
+        and _same(_type_modules(classes_), type_modules)
+    )
+    holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
+    return _Walked(
+        names, values, found, fns, marks, (holders, attrs, targets), classes_, type_modules, classes
+    ), stable
+
+
+def _unchanged(seen: _Walked | None, members: Any) -> bool:
     if seen is None:
         return False
-    try:
-        same = seen.members == members  # in C, each value by identity first
-    except Exception:  # a value whose == raises (an array): judge it again
-        return False
-    return bool(same) and _marks(seen.fns) == seen.marks
+    holders, attrs, targets = seen.links
+    return (
+        list(members) == seen.names
+        and _same(members.values(), seen.values)
+        and _same(_marks(seen.fns), seen.marks)
+        and _same(map(getattr, holders, attrs), targets)
+        and _same(_type_modules(seen.types_), seen.type_modules)
+    )
 
 
 def _container(
-    qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[int, Any]
+    qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[Any, Any]
 ) -> _Walked:
     members = vars(obj)
-    prev = _walked.get(id(obj))
+    key = (id(obj), module)
+    prev = _walked.get(key)
     seen = prev[1] if prev is not None and prev[0] is obj else None
-    if not _unchanged(obj, seen, members):
-        seen = _walk(qualname, dict(members), own, module)
+    if not _unchanged(seen, members):
+        seen, stable = _walk(qualname, members, own, module)
+        if not stable:
+            return seen  # judged, but not kept: the next call walks it again
     assert seen is not None
-    live[id(obj)] = (obj, seen)
+    live[key] = (obj, seen)
     return seen
 
 
@@ -195,15 +268,15 @@ def runtime_patches() -> list[str]:
     """``name (file)`` of each function of the imported FA4, DSL and QuACK modules that comes
     from neither a library's file nor fa4cache's own; empty when none was patched.
 
-    Each module and class is judged again only where it changed since the last call (another
-    object in one of its names, a function's code or wrapper replaced): the first call walks
-    every function (about a second on a busy host, done in a thread when FA4 is imported,
-    :func:`warm_up`), the one at the first kernel's key then costs milliseconds."""
+    Each module and class is judged again only where something the verdict read changed since
+    the last call (:class:`_Walked`): the first call walks every function (about a second on a
+    busy host, done in a thread when FA4 is imported, :func:`warm_up`), the one at the first
+    kernel's key then costs milliseconds."""
     global _walked
     own = _own_roots()
     found: list[str] = []
     with _walk_lock:
-        live: dict[int, Any] = {}
+        live: dict[Any, Any] = {}
         for mod_name, module in list(sys.modules.items()):
             if module is None or not _in_package(mod_name):
                 continue
@@ -220,6 +293,7 @@ def runtime_patches() -> list[str]:
 
 _lock = threading.Lock()
 _found: tuple[str, ...] | None = None
+_warming = False  # a warm-up thread was started (one per process)
 FIX = (
     "make the change in the installed package's files instead (an editable install, or a patch applied "
     "before the job starts: the toolchain id digests those sources, so the changed kernels get keys of "
@@ -260,8 +334,11 @@ def warm_up() -> None:
     check at the first kernel's key, on a step's critical path, judges only what changed since
     (:func:`runtime_patches`). Called when FA4's interface is imported; the verdict itself is
     still taken at the first key."""
-    if _found is not None:
-        return  # the verdict is taken (a compile server takes it before it installs): no thread
+    global _warming
+    with _lock:
+        if _found is not None or _warming:
+            return  # the verdict is taken (a compile server takes it before it installs), or warming
+        _warming = True
 
     def run() -> None:
         try:
@@ -270,6 +347,18 @@ def warm_up() -> None:
             log.debug("fa4cache: patch check warm-up: %s", e)
 
     threading.Thread(target=run, name="fa4cache-patch-check", daemon=True).start()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread walked (a warm-up) would wait on that thread's lock
+    forever: fresh locks, and the child walks for itself."""
+    global _walk_lock, _lock, _walked, _warming
+    _walk_lock, _lock = threading.Lock(), threading.Lock()
+    _walked, _warming = {}, False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def forget() -> None:

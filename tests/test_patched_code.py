@@ -98,15 +98,32 @@ def test_found_once_checks_once_and_forget_checks_again(module: types.ModuleType
     assert [f for f in patched_code.found_once() if f.startswith(NAME)]
 
 
-@pytest.mark.parametrize("change", ["assigned", "code replaced", "wrapped", "class method"])
+CHANGES = [
+    "assigned", "code replaced", "wrapped", "class method", "staticmethod re-initialised",
+    "property re-initialised", "partial's state set", "a class becomes the module's", "text code's module",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change", CHANGES)
 def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType, change: str) -> None:
     # The walk judges again only what changed since the last one (the first key's check after
-    # the warm-up's): every kind of change must count as one.
+    # the warm-up's): every kind of change must count as one, objects changed in place included.
     def library_like(x: int) -> int:
         return x
 
     library_like.__code__ = os.path.join.__code__  # code of a library file: not a patch
     module.call_mask_mod = library_like
+    module.Kernel.sm = staticmethod(os.path.join)
+    module.Kernel.tile = property(os.path.join)
+    module.bound = functools.partial(os.path.join, "a")
+
+    class Foreign:  # a class of this file, held by the module but not defined there
+        def meth(self) -> None: ...
+
+    module.Foreign = Foreign
+    text = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0], {}, "g")
+    text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
+    module.generated = text
     assert _found() == []
     if change == "assigned":
         module.call_mask_mod = _hot_fix
@@ -114,10 +131,91 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
         library_like.__code__ = _hot_fix.__code__
     elif change == "wrapped":
         library_like.__wrapped__ = _hot_fix  # type: ignore[attr-defined]
-    else:
+    elif change == "class method":
         module.Kernel.apply_mask = _hot_fix
+    elif change == "staticmethod re-initialised":
+        module.Kernel.__dict__["sm"].__init__(_hot_fix)
+    elif change == "property re-initialised":
+        module.Kernel.__dict__["tile"].__init__(_hot_fix)
+    elif change == "partial's state set":
+        module.bound.__setstate__((_hot_fix, ("a",), {}, None))
+    elif change == "a class becomes the module's":
+        Foreign.__module__ = NAME
+    else:
+        text.__module__ = "__main__"  # text code outside the package: a patch
     found = _found()
-    assert len(found) == 1 and __file__ in found[0], found
+    where = "(<string>)" if change == "text code's module" else __file__
+    assert len(found) == 1 and where in found[0], found
     if change == "assigned":  # undone: clean again
         module.call_mask_mod = library_like
         assert _found() == []
+
+
+def test_a_module_under_two_names_is_judged_under_each(module: types.ModuleType) -> None:
+    # cutlass.cuda is cutlass.base_dsl.runtime.cuda: its classes are its own under one name only.
+    alias = NAME + "_alias"
+    sys.modules[alias] = module
+    try:
+        assert _found() == []
+        module.Kernel.apply_mask = _hot_fix
+        assert _found() == [f for f in _found() if ".Kernel.apply_mask " in f] != []
+    finally:
+        del sys.modules[alias]
+
+
+def test_a_patch_landing_while_a_walk_judges_is_found_by_the_next(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another thread patches between the walk's reading of a function and its record: the
+    # record must not vouch for the patched state.
+    lib = types.FunctionType(os.path.join.__code__, vars(os.path), "lib")
+    module.lib = lib
+    real = patched_code._foreign
+
+    def judging(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
+        verdict = real(fn, own)
+        if fn is lib:
+            lib.__code__ = _hot_fix.__code__  # lands right after lib was judged
+            monkeypatch.setattr(patched_code, "_foreign", real)
+        return verdict
+
+    monkeypatch.setattr(patched_code, "_foreign", judging)
+    _found()  # the walk during which the patch lands
+    found = _found()
+    assert len(found) == 1 and found[0].startswith(f"{NAME}.lib "), found
+
+
+def test_a_child_forked_during_the_warm_up_checks_for_itself(module: types.ModuleType) -> None:
+    # The warm-up thread holds the walk's lock; a child forked meanwhile (a fork-started data
+    # loader) must not wait for a thread it does not have.
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    import time
+
+    slow = types.ModuleType(NAME + "_big")
+    for i in range(3000):  # files the walk has not seen: each costs a realpath
+        code = compile("def f(): pass", f"/nonexistent/site-packages/z/d{i}/m{i}.py", "exec").co_consts[0]
+        setattr(slow, f"f{i}", types.FunctionType(code, {}, f"f{i}"))
+    sys.modules[slow.__name__] = slow
+    try:
+        patched_code.forget()
+        monkey = patched_code._warming
+        patched_code._warming = False
+        patched_code.warm_up()
+        deadline = time.monotonic() + 5
+        while not patched_code._walk_lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        held = patched_code._walk_lock.locked()
+        pid = os.fork()
+        if pid == 0:  # the child: a verdict within 20 s, or SIGALRM's status
+            import signal
+
+            signal.alarm(20)
+            patched_code.found_once()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        patched_code._warming = monkey
+    finally:
+        del sys.modules[slow.__name__]
+    print(f"walk lock held at the fork: {held}")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

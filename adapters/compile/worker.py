@@ -26,6 +26,7 @@ waits for its children (a kernel half-compiled is a kernel lost), then exits.
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import sys
@@ -183,6 +184,10 @@ def fork_child(task: CompileTask, *, progress: bool = True) -> tuple[int, int]:
     The child dies with this process."""
     from fa4cache.store import runtime
 
+    # The run-time patch verdict, taken here (a memo after the first): the child inherits it
+    # instead of walking for itself (patched_code resets its locks in a child, so a warm-up
+    # thread walking at the fork costs the child nothing but that walk).
+    patched_code.found_once()
     parent = os.getpid()
     r, w = os.pipe()
     pid = os.fork()
@@ -296,6 +301,10 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=".*cannot be converted to a JitArgument.*")
     logging.basicConfig(level=logging.WARNING, format="fa4cache worker %(process)d: %(message)s")
     import flash_attn.cute.interface  # noqa: F401  (imported once, here: every child has it)
+
+    # What unpickling a task imports (its jobs' classes): imported now, a task imports nothing
+    # and the patch check below need not run again on the critical path (serve).
+    importlib.import_module("fa4cache.adapters.compile.kernel_set")
 
     # The run-time patch check (fa4cache.patched_code), once here and before the configuration
     # comes (it comes at the parent's first miss at the latest, and the check is a walk of every
