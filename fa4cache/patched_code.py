@@ -147,6 +147,7 @@ class _Walked:
     types_: list[type]  # the classes among the values,
     type_modules: list[Any]  # with their __module__ as walked (which of them are "defined here")
     classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
+    own: tuple[str, ...]  # fa4cache's own folders when it was judged (_foreign reads them)
 
 
 _dict_of = operator.attrgetter("__dict__")
@@ -161,6 +162,7 @@ def _marks(fns: list[types.FunctionType]) -> list[Any]:
     dicts = list(map(_dict_of, fns))  # (a function's attributes live in its __dict__)
     return [
         *map(operator.attrgetter("__code__"), fns),
+        *map(bool, dicts),  # _functions follows __wrapped__ only from a non-empty __dict__
         *map(_get_wrapped, dicts),
         *map(_get_neutral, dicts),
         *map(operator.attrgetter("__module__"), fns),
@@ -230,17 +232,17 @@ def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None)
         and _same(_type_modules(classes_), type_modules)
     )
     holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
-    return _Walked(
-        names, values, found, fns, marks, (holders, attrs, targets), classes_, type_modules, classes
-    ), stable
+    links_ = (holders, attrs, targets)
+    return _Walked(names, values, found, fns, marks, links_, classes_, type_modules, classes, own), stable
 
 
-def _unchanged(seen: _Walked | None, members: Any) -> bool:
+def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool:
     if seen is None:
         return False
     holders, attrs, targets = seen.links
     return (
-        list(members) == seen.names
+        seen.own == own
+        and list(members) == seen.names
         and _same(members.values(), seen.values)
         and _same(_marks(seen.fns), seen.marks)
         and _same(map(getattr, holders, attrs), targets)
@@ -255,7 +257,7 @@ def _container(
     key = (id(obj), module)
     prev = _walked.get(key)
     seen = prev[1] if prev is not None and prev[0] is obj else None
-    if not _unchanged(seen, members):
+    if not _unchanged(seen, members, own):
         seen, stable = _walk(qualname, members, own, module)
         if not stable:
             return seen  # judged, but not kept: the next call walks it again
@@ -281,9 +283,10 @@ def runtime_patches() -> list[str]:
             if module is None or not _in_package(mod_name):
                 continue
             try:
-                seen = _container(mod_name, module, own, mod_name, live)
+                vars(module)
             except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
                 continue
+            seen = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
             found += seen.found
             for name, cls in seen.classes:
                 found += _container(f"{mod_name}.{name}", cls, own, None, live).found

@@ -309,14 +309,16 @@ def _get_server(
     ``configure``, told ``env`` (default: this process's target and store,
     :func:`server_env`), or None when there is none to tell."""
     global _server
-    if configure and env is None:
+    own = configure and env is None  # this process's own target (the miss path)
+    if own:
         env = server_env()
     if configure and env is None:
         return None
     with _lock:
-        if _server is not None and env is not None and not _server.compiles_for(env):
+        if own and _server is not None and not _server.compiles_for(env):  # type: ignore[arg-type]
             # Configured early for another target (another device of this process): a server
-            # refuses tasks of another toolchain, so a new one compiles for this one.
+            # refuses tasks of another toolchain, so a new one compiles for this one. (A warm
+            # plan for another target, background.start, keeps this server and gets its own.)
             log.info("fa4cache: the compile server compiles for another target; starting one for this one")
             _server.close(wait=False)
             _server = None
@@ -358,9 +360,15 @@ def _configure_when_cuda_is_up(server: compile_server.CompileServer) -> None:
     is ready before the first step's miss, which would otherwise wait for that (about a second
     on a busy host). Asking never starts CUDA here: until this process has, the first miss
     tells the server (:func:`_get_server`). The target is read from this thread's current device;
-    a miss in a process whose device differs replaces the server (:func:`_get_server`)."""
+    a miss in a process whose device differs replaces the server (:func:`_get_server`). Not in a
+    job with a job-wide tier (its leases come with the process group, later)."""
     import sys
 
+    store = runtime.installed_store()
+    if store is None or store.remote is not None:
+        # In a job with a job-wide tier the server's configuration carries the job's leases,
+        # which exist once the process group is up: the first miss tells it, as before.
+        return
     while server.proc.poll() is None and not server.configured and server is _server:
         torch = sys.modules.get("torch")
         # Not a torch still being imported (by this process's main thread, at this moment).

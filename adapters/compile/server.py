@@ -124,12 +124,12 @@ class CompileServer:
 
     def configure(self, env: dict[str, str]) -> None:
         """Tell the server the target and store it compiles for (once)."""
-        with self._send_lock:
+        with self._send_lock:  # held until it is sent: no task can reach the server first
             if self.configured:
                 return
             self.configured = True
             self.env = dict(env)
-        self._send({"env": env})
+            self._write({"env": env})
 
     def compiles_for(self, env: dict[str, str]) -> bool:
         """Whether this server compiles for ``env``'s target and store (unconfigured: any)."""
@@ -205,12 +205,16 @@ class CompileServer:
         return True
 
     def _send(self, message: CompileTask | dict[str, Any]) -> bool:
+        with self._send_lock:
+            return self._write(message)
+
+    def _write(self, message: CompileTask | dict[str, Any]) -> bool:
+        """Write one message (the caller holds ``_send_lock``); False: the server is gone."""
         assert self.proc.stdin is not None
         try:
-            with self._send_lock:
-                self.proc.stdin.write(encode_task(message))
-                self.proc.stdin.flush()
-        except OSError as e:  # the server died: its kernels are left to the miss path
+            self.proc.stdin.write(encode_task(message))
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:  # died, or closed (retired): left to the miss path
             log.debug("fa4cache: compile server %d is gone (%s)", self.pid, e)
             return False
         return True

@@ -309,10 +309,8 @@ def main() -> int:
     # The run-time patch check (fa4cache.patched_code), once here and before the configuration
     # comes (it comes at the parent's first miss at the latest, and the check is a walk of every
     # FA4, DSL and QuACK function: about a second on a busy host): the forked children inherit
-    # the verdict instead of each paying for it before its kernel's key. Nothing but library
-    # code has run here, and install() below only adds fa4cache's own patches (which the check
-    # allows) and imports library modules, as they are in their files; a task that imports
-    # other code is checked again (serve).
+    # the verdict instead of each paying for it before its kernel's key. Whatever install()
+    # or a task imports later is checked again, incrementally (below, and serve).
     patched_code.found_once()
     config = read_task()
     if config is None:
@@ -320,7 +318,13 @@ def main() -> int:
     configure(config["env"])
     from fa4cache.adapters.patch import install
 
+    known = len(sys.modules)
     install()
+    if len(sys.modules) != known:
+        # install() imported code (a remote tier named by FA4CACHE_REMOTE_TIER may be the
+        # user's): the verdict is taken again, judging only what changed (milliseconds).
+        patched_code.forget()
+        patched_code.found_once()
     _say("READY")
     serve()
     # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the

@@ -256,3 +256,28 @@ def test_a_server_started_at_install_compiles_the_bytes_the_process_would(tmp_pa
     warm = finish(cold(early, "step", "--seqlen", str(T), "--gpu-host"))
     assert not warm["server_at_install"] and warm["worker_pids"] == [], warm
     assert warm["counters"]["compiles"] == 0 and warm["counters"]["disk_hits"] == 4
+
+
+def test_in_a_job_the_server_learns_its_target_at_the_first_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's configuration carries the job's leases (its remote tier's variables), which
+    exist once the process group is up: where the store has a job-wide tier, the watcher leaves
+    the configuration to the first miss, however early CUDA is up."""
+    import types
+
+    import torch
+    from fa4cache.adapters.compile import ahead
+
+    from fa4cache.store import runtime
+
+    told: list[dict[str, str]] = []
+    server = types.SimpleNamespace(
+        proc=types.SimpleNamespace(poll=lambda: None), configured=False, configure=told.append
+    )
+    monkeypatch.setattr(ahead, "_server", server)
+    monkeypatch.setattr(ahead, "server_env", lambda: {"FA4CACHE_DIR": "x"})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    for remote in (object(), None):
+        store = types.SimpleNamespace(remote=remote)
+        monkeypatch.setattr(runtime, "installed_store", lambda store=store: store)
+        ahead._configure_when_cuda_is_up(server)  # type: ignore[arg-type]
+    assert told == [{"FA4CACHE_DIR": "x"}]  # without a job-wide tier only
