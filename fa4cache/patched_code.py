@@ -55,7 +55,9 @@ def _own_roots() -> tuple[str, ...]:
             path = getattr(mod, "__file__", None)
             if path:
                 roots.add(os.path.realpath(os.path.dirname(path)) + os.sep)
-    return tuple(sorted(roots))
+    # Only the outermost folders: a subpackage imported later (inside one of them) then leaves
+    # the answer as it was, and so every verdict recorded under it (_Walked.own).
+    return tuple(r for r in sorted(roots) if not any(r != o and r.startswith(o) for o in roots))
 
 
 _SUBMODULE = tuple(p + "." for p in PACKAGES)

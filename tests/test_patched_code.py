@@ -219,3 +219,14 @@ def test_a_child_forked_during_the_warm_up_checks_for_itself(module: types.Modul
         del sys.modules[slow.__name__]
     print(f"walk lock held at the fork: {held}")
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_own_folders_are_the_outermost_so_a_later_subpackage_keeps_the_records() -> None:
+    # A record is kept only under the same own folders (_Walked.own): were a subpackage's folder
+    # listed beside its parent's, importing it after the warm-up would judge everything again.
+    import importlib
+
+    before = patched_code._own_roots()
+    importlib.import_module("fa4cache.cli")  # a subpackage, inside fa4cache's folder
+    roots = patched_code._own_roots()
+    assert roots == before and not any(a != b and a.startswith(b) for a in roots for b in roots), roots
