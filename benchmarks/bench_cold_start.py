@@ -299,11 +299,17 @@ BREAKDOWN_HEAD = [
 ]  # fmt: skip
 
 
+def during_step(res: dict[str, Any], phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The phases, of every process of the run, that started during ``res``'s first step."""
+    go, first = res["go_at"], res["first_s"]
+    return [p for p in phases if go - 0.001 <= p["start"] <= go + first]
+
+
 def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> tuple[list[Any], str]:
     """One process's cold first step in parts (its own phases during the step; what it did not
     spend in them it waited), and the timeline of every kernel compiled in the run."""
     go, first, me = res["go_at"], res["first_s"], res["pid"]
-    during = [p for p in phases if p["start"] >= go - 0.001 and p["start"] <= go + first]
+    during = during_step(res, phases)
 
     def own(phase: str) -> float:
         return sum(p["end"] - p["start"] for p in during if p["pid"] == me and p["phase"] == phase)
@@ -342,11 +348,9 @@ def breakdown(label: str, res: dict[str, Any], phases: list[dict[str, Any]]) -> 
 def process_timeline(res: dict[str, Any], phases: list[dict[str, Any]]) -> str:
     """Every phase every process of the run recorded during one first step, in order of start
     (seconds from the go): where the step's critical path goes."""
-    go, first, me = res["go_at"], res["first_s"], res["pid"]
+    go, me = res["go_at"], res["pid"]
     rows = []
-    for p in sorted(phases, key=lambda p: p["start"]):
-        if p["start"] < go - 0.001 or p["start"] > go + first:
-            continue
+    for p in sorted(during_step(res, phases), key=lambda p: p["start"]):
         who = "process" if p["pid"] == me else f"pid {p['pid']}"
         rows.append(
             [who, p["phase"], p.get("name", "")[:40], p["start"] - go, p["end"] - go, p["end"] - p["start"]]

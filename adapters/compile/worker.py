@@ -32,11 +32,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fa4cache.adapters.compile.task import PARENT_ENV, CompileTask, read_task
 
 from fa4cache import patched_code
+
+T = TypeVar("T")
 
 
 def die_with_parent(*, watch: bool = True) -> None:
@@ -229,6 +232,18 @@ def collect(pid: int, r: int) -> dict[str, Any]:
         return {"error": f"compile worker {pid} ended without a result (status {status})", "jobs": []}
 
 
+def checked_again_if_imported(step: Callable[[], T]) -> T:
+    """``step()``; if it imported code, the run-time patch verdict is taken again (judging only
+    what changed: milliseconds), so that the children forked after it inherit a verdict that
+    saw that code."""
+    known = len(sys.modules)
+    out = step()
+    if len(sys.modules) != known:
+        patched_code.forget()
+        patched_code.found_once()
+    return out
+
+
 def serve() -> None:
     """Read tasks from stdin and fork their children until stdin ends and every child has
     reported; one thread throughout (children are forked from it)."""
@@ -249,13 +264,8 @@ def serve() -> None:
             os._exit(0)  # the parent is gone (another OS, or a signal not armed)
         for key, _ in sel.select(timeout=0.5):
             if key.fd == 0:
-                known = len(sys.modules)
-                task = read_task()
-                if len(sys.modules) != known:
-                    # Unpickling the task imported code (a mask's module) that may patch FA4:
-                    # the children's check must see it.
-                    patched_code.forget()
-                    patched_code.found_once()
+                # Unpickling the task may import code (a mask's module) that patches FA4.
+                task = checked_again_if_imported(read_task)
                 if task is None:
                     sel.unregister(0)
                     open_stdin = False
@@ -318,13 +328,7 @@ def main() -> int:
     configure(config["env"])
     from fa4cache.adapters.patch import install
 
-    known = len(sys.modules)
-    install()
-    if len(sys.modules) != known:
-        # install() imported code (a remote tier named by FA4CACHE_REMOTE_TIER may be the
-        # user's): the verdict is taken again, judging only what changed (milliseconds).
-        patched_code.forget()
-        patched_code.found_once()
+    checked_again_if_imported(install)  # (a remote tier named by FA4CACHE_REMOTE_TIER is the user's code)
     _say("READY")
     serve()
     # Skip the interpreter's teardown of torch and the DSL (seconds on a busy host): the
