@@ -20,7 +20,15 @@ import types
 from typing import Any
 
 from fa4cache.adapters.fa4 import autotune as fa4_autotune
-from fa4cache.adapters.fa4 import cross_compile, dsl_caches, events, fail_open, interval_masking, mask_tiles
+from fa4cache.adapters.fa4 import (
+    cross_compile,
+    dsl_caches,
+    events,
+    export_only,
+    fail_open,
+    interval_masking,
+    mask_tiles,
+)
 from fa4cache.adapters.fa4 import keys as fa4_keys
 from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, guard, kind_for, release_thread_pending
 from fa4cache.adapters.fa4.import_hook import PostImportHook
@@ -107,6 +115,7 @@ def _prepare(inst: Route, module: types.ModuleType) -> None:
             inst._toolchain = None
         if fa4_releases.on(Coupling.CROSS_COMPILE):
             cross_compile.answer_hardware_queries()
+        export_only.enable()
         inst.toolchain()
         patched_code.warm_up()
     elif module.__name__ == fa4_autotune.MODULE and fa4_releases.on(Coupling.AUTOTUNE):

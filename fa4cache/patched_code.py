@@ -24,6 +24,7 @@ check runs once).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import operator
 import os
@@ -119,11 +120,16 @@ def _library_file(filename: str, own: tuple[str, ...]) -> bool:
 NEUTRAL = "__fa4cache_codegen_neutral__"
 
 
+def _is_text(filename: str) -> bool:
+    """Code compiled from text at run time (``<string>``), not from a file or a frozen module."""
+    return filename.startswith("<") and not filename.startswith("<frozen ")
+
+
 def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
     if fn.__dict__.get(NEUTRAL) is True:
         return False
     filename = fn.__code__.co_filename
-    if filename.startswith("<") and not filename.startswith("<frozen "):
+    if _is_text(filename):
         # Code generated at import (namedtuple and dataclass methods): fine in the package's
         # own classes; anywhere else it is code the user wrote as text.
         module = str(fn.__module__)
@@ -169,6 +175,15 @@ def _marks(fns: list[types.FunctionType]) -> list[Any]:
         *map(_get_neutral, dicts),
         *map(operator.attrgetter("__module__"), fns),
     ]
+
+
+_code_of = operator.attrgetter("__code__")
+_module_of = operator.attrgetter("__module__")
+
+
+def _dress(fns: list[types.FunctionType]) -> list[Any]:
+    dicts = list(map(_dict_of, fns))
+    return [*map(_get_wrapped, dicts), *map(_get_neutral, dicts)]
 
 
 def _type_modules(classes: list[type]) -> list[Any]:
@@ -254,7 +269,9 @@ def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool
 
 def _container(
     qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[Any, Any]
-) -> _Walked:
+) -> tuple[_Walked, bool]:
+    """The record of ``obj`` (kept from the last walk when unchanged, else walked now), and
+    whether it is kept for the next call (a walk that saw a change while it judged is not)."""
     members = vars(obj)
     key = (id(obj), module)
     prev = _walked.get(key)
@@ -262,10 +279,143 @@ def _container(
     if not _unchanged(seen, members, own):
         seen, stable = _walk(qualname, members, own, module)
         if not stable:
-            return seen  # judged, but not kept: the next call walks it again
+            return seen, False  # judged, but not kept: the next call walks it again
     assert seen is not None
     live[key] = (obj, seen)
-    return seen
+    return seen, True
+
+
+_PACKAGE_NAMES = frozenset(PACKAGES)
+_TOP = __name__.split(".")[0]
+_TOP_SUB = _TOP + "."
+
+
+def _modules_now(
+    items: list[tuple[str, Any]],
+) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The imported modules of the checked packages and fa4cache's own among ``items``
+    (``sys.modules``' (name, module) pairs), in order (no Python call per module)."""
+    checked = [(n, m) for n, m in items if n in _PACKAGE_NAMES or n.startswith(_SUBMODULE)]
+    own = [(n, m) for n, m in items if n == _TOP or n.startswith(_TOP_SUB)]
+    return checked, own
+
+
+def _same_pairs(now: list[tuple[str, Any]], then: list[tuple[str, Any]]) -> bool:
+    return (
+        len(now) == len(then)
+        and [n for n, _ in now] == [n for n, _ in then]
+        and _same([m for _, m in now], [m for _, m in then])
+    )
+
+
+_values_of = operator.methodcaller("values")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """Every record of one whole walk whose containers were all kept, laid end to end: the
+    check at a kernel's key then asks, in a few passes in C over all of them at once, what
+    :func:`_unchanged` asks of each (the same names, objects, marks, links and class modules),
+    and takes the walk's findings when all hold. Valid only while the checked packages' and
+    fa4cache's own modules are the ones it was taken with (fa4cache's give ``own``)."""
+
+    imported: list[tuple[str, Any]]  # sys.modules as it was (unchanged: so are the next two)
+    checked: list[tuple[str, Any]]
+    own_modules: list[tuple[str, Any]]
+    containers: list[Any]
+    sizes: list[int]  # how many names each container held
+    names: list[str]
+    values: list[Any]
+    fns: list[types.FunctionType]
+    codes: list[Any]  # each function's code, and whether its __dict__ held anything, as walked
+    filled: list[bool]
+    dressed: list[types.FunctionType]  # those whose __dict__ held something,
+    dress: list[Any]  # with their __wrapped__ and neutral mark as walked
+    texts: list[types.FunctionType]  # those whose code is text (its __module__ decides),
+    text_modules: list[Any]  # with their __module__ as walked
+    holders: list[Any]
+    attrs: list[str]
+    targets: list[Any]
+    types_: list[type]
+    type_modules: list[Any]
+    found: list[str]
+
+    @classmethod
+    def of(
+        cls,
+        imported: list[tuple[str, Any]],
+        checked: list[tuple[str, Any]],
+        own_modules: list[tuple[str, Any]],
+        records: list[tuple[Any, _Walked]],
+        found: list[str],
+    ) -> _Snapshot | None:
+        """None where two records saw one class under two modules (it changed mid-walk)."""
+        walked = [w for _, w in records]
+        agree = True  # every record saw each class under one __module__
+        fns: list[types.FunctionType] = []
+        marks: list[list[Any]] = [[] for _ in range(5)]  # as _marks lays them out, per function
+        for w in walked:
+            n = len(w.fns)
+            fns += w.fns
+            for g in range(5):
+                marks[g] += w.marks[g * n : (g + 1) * n]
+        codes, filled, wrapped, neutral, modules = marks
+        # What _foreign reads beyond the code: a __dict__'s marks only where it held anything
+        # (an empty one that fills flips `filled`), a __module__ only for text code (a change of
+        # code, which decides that, is seen in `codes`).
+        dressed = [i for i, f in enumerate(filled) if f]
+        texts = [i for i, c in enumerate(codes) if _is_text(c.co_filename)]
+        classes = list({id(t): t for w in walked for t in w.types_}.values())
+        first: dict[int, Any] = {}
+        for w in walked:
+            for t, m in zip(w.types_, w.type_modules):
+                if first.setdefault(id(t), m) is not m:
+                    agree = False  # (another thread set it between two records' walks)
+        if not agree:
+            return None
+        return cls(
+            imported=imported,
+            checked=checked,
+            own_modules=own_modules,
+            containers=[obj for obj, _ in records],
+            sizes=[len(w.names) for w in walked],
+            names=[n for w in walked for n in w.names],
+            values=[v for w in walked for v in w.values],
+            fns=fns,
+            codes=codes,
+            filled=filled,
+            dressed=[fns[i] for i in dressed],
+            dress=[wrapped[i] for i in dressed] + [neutral[i] for i in dressed],
+            texts=[fns[i] for i in texts],
+            text_modules=[modules[i] for i in texts],
+            holders=[h for w in walked for h in w.links[0]],
+            attrs=[a for w in walked for a in w.links[1]],
+            targets=[t for w in walked for t in w.links[2]],
+            types_=classes,  # each class once (a module imports the same ones as the next)
+            type_modules=[first[id(t)] for t in classes],
+            found=found,
+        )
+
+    def holds(self, imported: list[tuple[str, Any]]) -> bool:
+        if not _same_pairs(imported, self.imported):  # something imported since: the modules that count
+            checked, own_modules = _modules_now(imported)
+            if not (_same_pairs(checked, self.checked) and _same_pairs(own_modules, self.own_modules)):
+                return False
+        members = list(map(vars, self.containers))
+        return (
+            list(map(len, members)) == self.sizes
+            and list(itertools.chain.from_iterable(members)) == self.names
+            and _same(itertools.chain.from_iterable(map(_values_of, members)), self.values)
+            and _same(map(_code_of, self.fns), self.codes)
+            and _same(map(bool, map(_dict_of, self.fns)), self.filled)
+            and _same(_dress(self.dressed), self.dress)
+            and _same(map(_module_of, self.texts), self.text_modules)
+            and _same(map(getattr, self.holders, self.attrs), self.targets)
+            and _same(_type_modules(self.types_), self.type_modules)
+        )
+
+
+_snapshot: _Snapshot | None = None
 
 
 def runtime_patches() -> list[str]:
@@ -274,26 +424,42 @@ def runtime_patches() -> list[str]:
 
     Each module and class is judged again only where something the verdict read changed since
     the last call (:class:`_Walked`): the first call walks every function (about a second on a
-    busy host, done in a thread when FA4 is imported, :func:`warm_up`), the one at the first
-    kernel's key then costs milliseconds."""
-    global _walked
-    own = _own_roots()
-    found: list[str] = []
+    busy host, done in a thread when FA4 is imported, :func:`warm_up`); the one at the first
+    kernel's key, when nothing changed, compares the last walk's records with what the modules
+    hold now in a few passes over all of them (:class:`_Snapshot`: milliseconds)."""
+    global _walked, _snapshot
     with _walk_lock:
+        imported = list(sys.modules.items())
+        snap = _snapshot
+        if snap is not None and snap.holds(imported):
+            return list(snap.found)
+        _snapshot = None
+        checked, own_modules = _modules_now(imported)
+        own = _own_roots()
+        found: list[str] = []
         live: dict[Any, Any] = {}
-        for mod_name, module in list(sys.modules.items()):
-            if module is None or not _in_package(mod_name):
-                continue
+        records: list[tuple[Any, _Walked]] = []  # in walk order, each name of a module its own
+        whole = True  # every module walked and every record kept: a snapshot can vouch for them
+        for mod_name, module in checked:
             try:
                 vars(module)
             except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
+                whole = False
                 continue
-            seen = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
+            seen, kept = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
+            records.append((module, seen))
+            whole = whole and kept
             found += seen.found
             for name, cls in seen.classes:
-                found += _container(f"{mod_name}.{name}", cls, own, None, live).found
+                judged, kept = _container(f"{mod_name}.{name}", cls, own, None, live)
+                records.append((cls, judged))
+                whole = whole and kept
+                found += judged.found
         _walked = live
-    return sorted(set(found))
+        found = sorted(set(found))
+        if whole:
+            _snapshot = _Snapshot.of(imported, checked, own_modules, records, found)
+    return found
 
 
 _lock = threading.Lock()
@@ -357,9 +523,9 @@ def warm_up() -> None:
 def _after_fork_in_child() -> None:
     """A child forked while another thread walked (a warm-up) would wait on that thread's lock
     forever: fresh locks, and the child walks for itself."""
-    global _walk_lock, _lock, _walked, _warming
+    global _walk_lock, _lock, _walked, _warming, _snapshot
     _walk_lock, _lock = threading.Lock(), threading.Lock()
-    _walked, _warming = {}, False
+    _walked, _warming, _snapshot = {}, False, None
 
 
 if hasattr(os, "register_at_fork"):

@@ -258,6 +258,9 @@ SETTINGS: tuple[Setting, ...] = (
             "`worker_process_setup_hook` (`module.function`), run after fa4cache's", job=False),
     Setting("FA4CACHE_INTERVAL_MASKING", parse_flag, True, "`0`: built-in masks use FA4's per-score "
             "`mask_mod` path for partial tiles instead of per-row R2P masks (slower; for comparison)"),
+    Setting("FA4CACHE_EXPORT_ONLY", parse_flag, True, "`0`: a process that sees no GPU (a compile "
+            "server's children, `warm` on a CPU machine) builds the DSL's host JIT engine for kernels it "
+            "only exports to the store (by default it skips it: the same bytes, about 0.3 s less per kernel)"),
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),

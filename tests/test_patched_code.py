@@ -125,6 +125,7 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
     text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
     module.generated = text
     assert _found() == []
+    assert patched_code._snapshot is not None  # the next call is answered by the snapshot's passes
     if change == "assigned":
         module.call_mask_mod = _hot_fix
     elif change == "code replaced":
@@ -230,3 +231,27 @@ def test_own_folders_are_the_outermost_so_a_later_subpackage_keeps_the_records()
     importlib.import_module("fa4cache.cli")  # a subpackage, inside fa4cache's folder
     roots = patched_code._own_roots()
     assert roots == before and not any(a != b and a.startswith(b) for a in roots for b in roots), roots
+
+
+def test_an_unchanged_namespace_is_answered_without_a_walk(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check at a warm process's first key: nothing changed since the warm-up's walk, so no
+    # module or class is judged again; an import since (sys.modules changed, not the checked
+    # modules) keeps that so; a change in a checked module does not.
+    assert _found() == []
+
+    def no_walk(*a: object, **k: object) -> None:
+        raise AssertionError("walked again")
+
+    monkeypatch.setattr(patched_code, "_walk", no_walk)
+    assert _found() == []
+    sys.modules["_fa4cache_unrelated_probe"] = types.ModuleType("_fa4cache_unrelated_probe")
+    try:
+        assert _found() == []
+    finally:
+        del sys.modules["_fa4cache_unrelated_probe"]
+    monkeypatch.undo()
+    module.call_mask_mod = _hot_fix
+    found = _found()
+    assert len(found) == 1 and found[0].startswith(f"{NAME}.call_mask_mod "), found

@@ -312,6 +312,11 @@ class StoreCompileCache:
             release(pending.lock)
 
 
+def store_miss_pending() -> bool:
+    """Whether this thread is compiling a kernel for the store (a miss it answered "compile")."""
+    return bool(getattr(_tl, "pending", None))
+
+
 def _remember_pending(cache: StoreCompileCache, key: Any) -> None:
     lst = getattr(_tl, "pending", None)
     if lst is None:

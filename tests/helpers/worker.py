@@ -142,6 +142,7 @@ def main() -> None:
     from fa4cache.store import runtime
 
     tc = runtime.current_toolchain()
+    patches = __import__("fa4cache.adapters.patch", fromlist=["x"])._installed.patches
     _result(
         pid=os.getpid(),
         seconds=seconds,
@@ -153,9 +154,10 @@ def main() -> None:
         corrupt=int(c["corrupt"]),
         publish_errors=int(c["publish_errors"]),
         lock_waits=int(c["lock_waits"]),
-        memory_hits=sum(
-            p.cache.memory_hits
-            for p in __import__("fa4cache.adapters.patch", fromlist=["x"])._installed.patches
+        memory_hits=sum(p.cache.memory_hits for p in patches),
+        # kernels in memory compiled without the DSL's JIT engine (adapters/fa4/export_only.py)
+        engineless=sum(
+            1 for p in patches for fn in p.cache.cache.values() if getattr(fn, "engine", 0) is None
         ),
     )
 
