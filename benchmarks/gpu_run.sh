@@ -10,7 +10,8 @@
 #   PART=varlen  fa4cache.attention (per-document tiling) benchmark
 #   PART=quack   training step with QuACK RMSNorm + cross-entropy + FA4 attention (bench_quack.py)
 #   PART=cross   a bundle warmed on the CPU machine served here with 0 compiles (benchmarks/cross_host.py)
-#   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes)
+#   PART=cold    cold start in parallel (warm -j per kernel, compile-ahead, 4/8 cold processes), then the
+#                run-time patch check at a first key (bench_patch_check.py)
 #   PART=generation  generate / generate_batch on FA4: tests/adapters/transformers/test_generation_gpu.py + bench_generation.py
 #                (GENERATION_BUDGET seconds, default 180; GENERATION_TESTS=0: no tests;
 #                GENERATION_ARGS: the benchmark's options; GENERATION_BENCH=0: tests only)
@@ -130,6 +131,8 @@ if has cross; then
 fi
 if has cold; then
   timeout ${COLD_TIMEOUT:-420} python3 benchmarks/bench_cold_start.py --gpu ${COLD_ARGS:-} 2>&1 | grep -v Warning | tail -40 | tee -a "$out/run.log"
+  # the run-time patch check at a first key, on this host (about 20 s, most of it FA4's import)
+  (cd benchmarks && timeout 60 python3 bench_patch_check.py --rounds 9 2>&1 | grep -v Warning | tail -8 | tee -a "$out/run.log")
 fi
 if has generation; then
   # Generation on FA4 (KV cache, continuous batching, CUDA graphs): GPU tests, then the benchmark.

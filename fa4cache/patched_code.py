@@ -269,35 +269,32 @@ def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool
 
 def _container(
     qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[Any, Any]
-) -> tuple[_Walked, bool]:
-    """The record of ``obj`` (kept from the last walk when unchanged, else walked now), and
-    whether it is kept for the next call (a walk that saw a change while it judged is not)."""
+) -> tuple[_Walked, str]:
+    """The record of ``obj`` and how it was had: ``"kept"`` (unchanged since the last walk),
+    ``"walked"`` (judged now, kept for the next call) or ``"unstable"`` (judged now, but a change
+    landed while it was judged: not kept, the next call walks it again)."""
     members = vars(obj)
     key = (id(obj), module)
     prev = _walked.get(key)
     seen = prev[1] if prev is not None and prev[0] is obj else None
+    how = "kept"
     if not _unchanged(seen, members, own):
         seen, stable = _walk(qualname, members, own, module)
         if not stable:
-            return seen, False  # judged, but not kept: the next call walks it again
+            return seen, "unstable"
+        how = "walked"
     assert seen is not None
     live[key] = (obj, seen)
-    return seen, True
+    return seen, how
 
 
 _PACKAGE_NAMES = frozenset(PACKAGES)
-_TOP = __name__.split(".")[0]
-_TOP_SUB = _TOP + "."
 
 
-def _modules_now(
-    items: list[tuple[str, Any]],
-) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-    """The imported modules of the checked packages and fa4cache's own among ``items``
-    (``sys.modules``' (name, module) pairs), in order (no Python call per module)."""
-    checked = [(n, m) for n, m in items if n in _PACKAGE_NAMES or n.startswith(_SUBMODULE)]
-    own = [(n, m) for n, m in items if n == _TOP or n.startswith(_TOP_SUB)]
-    return checked, own
+def _checked_modules(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The imported modules of the checked packages among ``items`` (``sys.modules``' (name,
+    module) pairs), in order (no Python call per module)."""
+    return [(n, m) for n, m in items if n in _PACKAGE_NAMES or n.startswith(_SUBMODULE)]
 
 
 def _same_pairs(now: list[tuple[str, Any]], then: list[tuple[str, Any]]) -> bool:
@@ -308,6 +305,11 @@ def _same_pairs(now: list[tuple[str, Any]], then: list[tuple[str, Any]]) -> bool
     )
 
 
+def _same_modules(now: list[tuple[str, Any]], then: dict[str, Any]) -> bool:
+    return len(now) == len(then) and all(then.get(n, _ABSENT) is m for n, m in now)
+
+
+_ABSENT = object()
 _values_of = operator.methodcaller("values")
 
 
@@ -316,12 +318,12 @@ class _Snapshot:
     """Every record of one whole walk whose containers were all kept, laid end to end: the
     check at a kernel's key then asks, in a few passes in C over all of them at once, what
     :func:`_unchanged` asks of each (the same names, objects, marks, links and class modules),
-    and takes the walk's findings when all hold. Valid only while the checked packages' and
-    fa4cache's own modules are the ones it was taken with (fa4cache's give ``own``)."""
+    and takes the walk's findings when all hold. Valid only while the checked packages'
+    modules and fa4cache's own folders are the ones it was taken with."""
 
     imported: list[tuple[str, Any]]  # sys.modules as it was (unchanged: so are the next two)
-    checked: list[tuple[str, Any]]
-    own_modules: list[tuple[str, Any]]
+    checked: dict[str, Any]  # name -> module (in any order: an import moves its module to the end)
+    own: tuple[str, ...]  # fa4cache's own folders (_own_roots)
     containers: list[Any]
     sizes: list[int]  # how many names each container held
     names: list[str]
@@ -345,7 +347,7 @@ class _Snapshot:
         cls,
         imported: list[tuple[str, Any]],
         checked: list[tuple[str, Any]],
-        own_modules: list[tuple[str, Any]],
+        own: tuple[str, ...],
         records: list[tuple[Any, _Walked]],
         found: list[str],
     ) -> _Snapshot | None:
@@ -375,8 +377,8 @@ class _Snapshot:
             return None
         return cls(
             imported=imported,
-            checked=checked,
-            own_modules=own_modules,
+            checked=dict(checked),
+            own=own,
             containers=[obj for obj, _ in records],
             sizes=[len(w.names) for w in walked],
             names=[n for w in walked for n in w.names],
@@ -397,10 +399,11 @@ class _Snapshot:
         )
 
     def holds(self, imported: list[tuple[str, Any]]) -> bool:
-        if not _same_pairs(imported, self.imported):  # something imported since: the modules that count
-            checked, own_modules = _modules_now(imported)
-            if not (_same_pairs(checked, self.checked) and _same_pairs(own_modules, self.own_modules)):
-                return False
+        moved = not _same_pairs(imported, self.imported)  # something imported since: the modules that count
+        if moved and not (
+            _same_modules(_checked_modules(imported), self.checked) and _own_roots() == self.own
+        ):
+            return False
         members = list(map(vars, self.containers))
         return (
             list(map(len, members)) == self.sizes
@@ -418,15 +421,18 @@ class _Snapshot:
 _snapshot: _Snapshot | None = None
 
 
-def runtime_patches() -> list[str]:
+def runtime_patches(*, snapshot: bool = False) -> list[str]:
     """``name (file)`` of each function of the imported FA4, DSL and QuACK modules that comes
     from neither a library's file nor fa4cache's own; empty when none was patched.
 
     Each module and class is judged again only where something the verdict read changed since
     the last call (:class:`_Walked`): the first call walks every function (about a second on a
     busy host, done in a thread when FA4 is imported, :func:`warm_up`); the one at the first
-    kernel's key, when nothing changed, compares the last walk's records with what the modules
-    hold now in a few passes over all of them (:class:`_Snapshot`: milliseconds)."""
+    kernel's key, when nothing changed, compares the warm-up's records with what the modules
+    hold now in a few passes over all of them (:class:`_Snapshot`: milliseconds).
+
+    ``snapshot``: take a new snapshot of this walk's records (tens of milliseconds: the warm-up
+    and a compile server's first walk, off any step's path)."""
     global _walked, _snapshot
     with _walk_lock:
         imported = list(sys.modules.items())
@@ -434,7 +440,7 @@ def runtime_patches() -> list[str]:
         if snap is not None and snap.holds(imported):
             return list(snap.found)
         _snapshot = None
-        checked, own_modules = _modules_now(imported)
+        checked = _checked_modules(imported)
         own = _own_roots()
         found: list[str] = []
         live: dict[Any, Any] = {}
@@ -446,19 +452,19 @@ def runtime_patches() -> list[str]:
             except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
                 whole = False
                 continue
-            seen, kept = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
+            seen, how = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
             records.append((module, seen))
-            whole = whole and kept
+            whole = whole and how != "unstable"
             found += seen.found
             for name, cls in seen.classes:
-                judged, kept = _container(f"{mod_name}.{name}", cls, own, None, live)
-                records.append((cls, judged))
-                whole = whole and kept
-                found += judged.found
+                member, how = _container(f"{mod_name}.{name}", cls, own, None, live)
+                records.append((cls, member))
+                whole = whole and how != "unstable"
+                found += member.found
         _walked = live
         found = sorted(set(found))
-        if whole:
-            _snapshot = _Snapshot.of(imported, checked, own_modules, records, found)
+        if whole and snapshot:
+            _snapshot = _Snapshot.of(imported, checked, own, records, found)
     return found
 
 
@@ -513,7 +519,7 @@ def warm_up() -> None:
 
     def run() -> None:
         try:
-            runtime_patches()
+            runtime_patches(snapshot=True)
         except Exception as e:  # only a warm-up: the check at the first key says what it finds
             log.debug("fa4cache: patch check warm-up: %s", e)
 

@@ -124,7 +124,7 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
     text = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0], {}, "g")
     text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
     module.generated = text
-    assert _found() == []
+    assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
     assert patched_code._snapshot is not None  # the next call is answered by the snapshot's passes
     if change == "assigned":
         module.call_mask_mod = _hot_fix
@@ -238,20 +238,39 @@ def test_an_unchanged_namespace_is_answered_without_a_walk(
 ) -> None:
     # The check at a warm process's first key: nothing changed since the warm-up's walk, so no
     # module or class is judged again; an import since (sys.modules changed, not the checked
-    # modules) keeps that so; a change in a checked module does not.
-    assert _found() == []
+    # modules or fa4cache's folders) keeps that so; a change in a checked module does not.
+    assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
 
     def no_walk(*a: object, **k: object) -> None:
         raise AssertionError("walked again")
 
     monkeypatch.setattr(patched_code, "_walk", no_walk)
     assert _found() == []
-    sys.modules["_fa4cache_unrelated_probe"] = types.ModuleType("_fa4cache_unrelated_probe")
+    for name in ("_fa4cache_unrelated_probe", "fa4cache._probe_submodule"):
+        sys.modules[name] = types.ModuleType(name)
     try:
         assert _found() == []
     finally:
-        del sys.modules["_fa4cache_unrelated_probe"]
+        for name in ("_fa4cache_unrelated_probe", "fa4cache._probe_submodule"):
+            del sys.modules[name]
     monkeypatch.undo()
     module.call_mask_mod = _hot_fix
     found = _found()
     assert len(found) == 1 and found[0].startswith(f"{NAME}.call_mask_mod "), found
+
+
+def test_a_checked_module_imported_since_the_snapshot_is_judged(module: types.ModuleType) -> None:
+    # The snapshot vouches for the modules it was taken with: a checked module imported since
+    # is walked by the next call, which takes no snapshot of its own (that costs tens of
+    # milliseconds: the warm-up's job, off the step's path).
+    patched_code.runtime_patches(snapshot=True)
+    assert patched_code._snapshot is not None
+    late = types.ModuleType(NAME + "_late")
+    late.hot = _hot_fix
+    sys.modules[late.__name__] = late
+    try:
+        found = _found()
+        assert len(found) == 1 and found[0].startswith(f"{NAME}_late.hot "), found
+        assert patched_code._snapshot is None
+    finally:
+        del sys.modules[late.__name__]

@@ -320,7 +320,8 @@ def main() -> int:
     # comes (it comes at the parent's first miss at the latest, and the check is a walk of every
     # FA4, DSL and QuACK function: about a second on a busy host): the forked children inherit
     # the verdict instead of each paying for it before its kernel's key. Whatever install()
-    # or a task imports later is checked again, incrementally (below, and serve).
+    # or a task imports later is checked again, against this walk's snapshot (below, and serve).
+    patched_code.runtime_patches(snapshot=True)
     patched_code.found_once()
     config = read_task()
     if config is None:
