@@ -65,7 +65,7 @@ def main() -> None:
     s = pc._snapshot
     assert s is not None
     rows = [[k, med[k] * 1e3, med[k] / med["full walk"], med[k] / med["per record"]] for k in ways]
-    where = "gpu" if torch.cuda.is_available() else "cpu"
+    where = "h200" if torch.cuda.is_available() and "H200" in torch.cuda.get_device_name() else "cpu"
     body = table(["way", "median ms", "vs full walk", "vs per record"], rows)
     size = (
         f"{len(s.containers)} modules and classes, {len(s.names)} names, {len(s.fns)} functions; "
