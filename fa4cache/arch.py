@@ -104,7 +104,8 @@ def cuda_devices_visible() -> bool:
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
         return False
     try:
-        return any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir("/dev"))
+        # /dev/nvidiaN on Linux; /dev/dxg where WSL2 passes a GPU through.
+        return any((n.startswith("nvidia") and n[6:].isdigit()) or n == "dxg" for n in os.listdir("/dev"))
     except OSError:
         return False
 

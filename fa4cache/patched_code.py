@@ -4,13 +4,16 @@ The toolchain id digests these packages' *files* (:mod:`fa4cache.fingerprint`); 
 assigned at run time (``flash_attn.cute.mask.call_mask_mod = my_fix``) changes the kernels
 those files describe without changing a byte of them, so a store would serve the unpatched
 kernels to patched code and the other way round. :func:`runtime_patches` looks, once, at the
-functions the imported modules of these packages hold: module-level functions and the
-methods (plain, static, class, properties) of the classes each module defines, through any
-``__wrapped__`` chain (``cute.jit``'s wrapper is the DSL's own code). Each must come from a
-library's file (:func:`fa4cache.identity.library_label`) or from fa4cache's own (its
-patches are named in the toolchain id: interval masking; the others are routing that does
-not change the code generated). A function from anywhere else is a patch, and the caller
-keeps every kernel of the process in memory (:mod:`fa4cache.adapters.fa4.compile_cache`).
+code the imported modules of these packages hold: module-level functions and the methods
+(plain, static, class, properties) of the classes each module defines, through whatever
+wraps them (``__wrapped__`` chains, as ``cute.jit``'s wrapper and ``lru_cache`` have;
+partials, ``partialmethod``, ``cached_property``, bound methods, a callable instance's
+``__call__``). Each must come from a library's file (:func:`fa4cache.identity.library_label`)
+or from fa4cache's own (its patches are named in the toolchain id: interval masking; the
+others are routing that does not change the code generated), and so must each class a
+module holds. Code from anywhere else is a patch, and the caller keeps every kernel of the
+process in memory (:mod:`fa4cache.adapters.fa4.compile_cache`). A function's attributes are
+read as the interpreter reads them (``dict``'s own methods, whatever its ``__dict__`` is).
 
 A replacement that only observes (a counter, a timer) and calls what it replaced may say so
 with ``fn.__fa4cache_codegen_neutral__ = True``.
@@ -30,6 +33,7 @@ import operator
 import os
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -69,30 +73,46 @@ def _in_package(name: str) -> bool:
 
 
 def _functions(obj: Any, links: list[tuple[Any, str, Any]] | None = None) -> list[types.FunctionType]:
-    """The Python functions ``obj`` runs as: itself and what it wraps, through ``__wrapped__``,
-    ``functools.partial``, static and class methods and properties. ``links``: each link
-    followed from an object that is not a function is appended as (object, attribute, target)
-    (a function's ``__wrapped__`` is in :func:`_marks`)."""
+    """The Python functions ``obj`` runs as: itself and what it wraps, through ``__wrapped__``
+    (of a function or an ``lru_cache``), ``functools.partial`` and ``partialmethod``, bound,
+    static and class methods, properties, ``cached_property``, and the ``__call__`` of a
+    callable instance's class. ``links``: each link followed from an object that is not a
+    function is appended as (object, attribute, target) (a function's ``__wrapped__`` is in
+    :func:`_marks`). A function's attributes are read as the interpreter reads them (the
+    ``dict`` methods, never a subclass's)."""
     out: list[types.FunctionType] = []
     todo = [obj]
     while todo and len(out) < _MAX_WRAPPED:
         obj = todo.pop()
         if type(obj) is types.FunctionType:
             out.append(obj)
-            nxt = obj.__dict__.get("__wrapped__") if obj.__dict__ else None
+            d = obj.__dict__
+            nxt = dict.get(d, "__wrapped__") if dict.__len__(d) else None
             if nxt is not None and nxt is not obj:
                 todo.append(nxt)
             continue
-        if isinstance(obj, (staticmethod, classmethod)):
+        if isinstance(obj, (staticmethod, classmethod, types.MethodType)):
             followed = [("__func__", obj.__func__)]
         elif isinstance(obj, property):
             followed = [("fget", obj.fget), ("fset", obj.fset), ("fdel", obj.fdel)]
-        elif isinstance(obj, functools.partial):
+        elif isinstance(obj, (functools.partial, functools.partialmethod, functools.cached_property)):
             followed = [("func", obj.func)]
-        else:
-            if isinstance(obj, types.FunctionType):
-                out.append(obj)
+        elif isinstance(obj, _LRU):
+            followed = [("__wrapped__", getattr(obj, "__wrapped__", None))]
+        elif isinstance(obj, types.FunctionType):
+            out.append(obj)
             continue
+        else:
+            # A callable instance runs its class's __call__ (the class itself is a link: an
+            # instance's __class__ can be assigned).
+            klass = type(obj)
+            call = _class_call(klass)
+            if call is None:
+                continue
+            followed = [("__class__", klass)]
+            if links is not None:
+                links.append((klass, "__call__", call))
+            todo.append(call)
         for attr, target in followed:
             if links is not None:
                 links.append((obj, attr, target))
@@ -126,7 +146,7 @@ def _is_text(filename: str) -> bool:
 
 
 def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
-    if fn.__dict__.get(NEUTRAL) is True:
+    if dict.get(fn.__dict__, NEUTRAL) is True:
         return False
     filename = fn.__code__.co_filename
     if _is_text(filename):
@@ -135,6 +155,26 @@ def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
         module = str(fn.__module__)
         return not (_in_package(module) or module.startswith("namedtuple_"))
     return not _library_file(filename, own)
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time (a class statement, type())
+
+
+def _foreign_class(klass: type, module: Any, own: tuple[str, ...]) -> bool:
+    """Whether ``klass``, named as of ``module`` (the ``__module__`` in its own namespace), was
+    defined in the user's code: a module whose file is not a library's, or ``__main__``. A class
+    put in a checked module's place holds methods that no walk of that module reaches. A static
+    type (built into the interpreter or an extension) runs no Python of its own."""
+    if not klass.__flags__ & _HEAPTYPE:
+        return False
+    if not isinstance(module, str):
+        return True
+    if _in_package(module) or module in sys.builtin_module_names:
+        return False
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if path is None:
+        return module == "__main__" or module.startswith("__")
+    return not _library_file(path, own)
 
 
 @dataclass
@@ -159,9 +199,16 @@ class _Walked:
 
 
 _dict_of = operator.attrgetter("__dict__")
-_get_module = operator.methodcaller("get", "__module__")
-_get_wrapped = operator.methodcaller("get", "__wrapped__")
-_get_neutral = operator.methodcaller("get", NEUTRAL)
+_get_module = operator.methodcaller("get", "__module__")  # of a class's mappingproxy
+
+
+def _filled(dicts: list[Any]) -> Any:
+    # dict's own length and get: a function's __dict__ may be a subclass that answers otherwise
+    return map(bool, map(dict.__len__, dicts))
+
+
+def _gets(dicts: list[Any], name: str) -> Any:
+    return map(dict.get, dicts, itertools.repeat(name))
 
 
 def _marks(fns: list[types.FunctionType]) -> list[Any]:
@@ -170,9 +217,9 @@ def _marks(fns: list[types.FunctionType]) -> list[Any]:
     dicts = list(map(_dict_of, fns))  # (a function's attributes live in its __dict__)
     return [
         *map(operator.attrgetter("__code__"), fns),
-        *map(bool, dicts),  # _functions follows __wrapped__ only from a non-empty __dict__
-        *map(_get_wrapped, dicts),
-        *map(_get_neutral, dicts),
+        *_filled(dicts),  # _functions follows __wrapped__ only from a non-empty __dict__
+        *_gets(dicts, "__wrapped__"),
+        *_gets(dicts, NEUTRAL),
         *map(operator.attrgetter("__module__"), fns),
     ]
 
@@ -183,7 +230,7 @@ _module_of = operator.attrgetter("__module__")
 
 def _dress(fns: list[types.FunctionType]) -> list[Any]:
     dicts = list(map(_dict_of, fns))
-    return [*map(_get_wrapped, dicts), *map(_get_neutral, dicts)]
+    return [*_gets(dicts, "__wrapped__"), *_gets(dicts, NEUTRAL)]
 
 
 def _type_modules(classes: list[type]) -> list[Any]:
@@ -195,7 +242,38 @@ def _same(now: Any, then: list[Any]) -> bool:
     return all(map(operator.is_, now, then))
 
 
-_SIMPLE = (types.FunctionType, staticmethod, classmethod, property, functools.partial)
+_LRU = type(functools.lru_cache(maxsize=None)(len))
+_SIMPLE = (
+    types.FunctionType,
+    types.MethodType,
+    staticmethod,
+    classmethod,
+    property,
+    functools.partial,
+    functools.partialmethod,
+    functools.cached_property,
+    _LRU,
+)
+
+
+def _class_call(klass: type) -> types.FunctionType | None:
+    """The Python ``__call__`` instances of ``klass`` run, if it has one (a class's own
+    attribute, found along its MRO; a metaclass's is what calling the class runs, not an
+    instance)."""
+    for base in klass.__mro__:
+        call = base.__dict__.get("__call__")
+        if call is not None:
+            return call if type(call) is types.FunctionType else None
+    return None
+
+
+def _runs_python(obj: Any) -> bool:
+    """Whether ``obj`` is something :func:`_functions` follows: a function or wrapper of one,
+    or a callable instance whose class has a Python ``__call__`` (never a class: its methods
+    are judged where it is defined, or by :func:`_foreign_class`)."""
+    return isinstance(obj, _SIMPLE) or (not isinstance(obj, type) and _class_call(type(obj)) is not None)
+
+
 _walk_lock = threading.Lock()
 # (id(module or class), the module name it was walked under) -> it, what its walk saw. The
 # name is part of the key: one module object listed under two names (cutlass.cuda is
@@ -210,7 +288,7 @@ def _traverse(values: list[Any]) -> tuple[list[types.FunctionType], list[tuple[A
     links: list[tuple[Any, str, Any]] = []
     owner: list[int] = []
     for i, obj in enumerate(values):
-        if isinstance(obj, _SIMPLE):
+        if _runs_python(obj):
             got = _functions(obj, links)
             fns += got
             owner += [i] * len(got)
@@ -230,6 +308,11 @@ def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None)
     ]
     classes_ = [v for v in values if isinstance(v, type)]
     type_modules = _type_modules(classes_)
+    found += [
+        f"{qualname}.{n} (a class of {m!r})"
+        for n, v in zip(names, values)
+        if isinstance(v, type) and _foreign_class(v, m := v.__dict__.get("__module__"), own)
+    ]
     classes = (
         [
             (n, v)
@@ -313,6 +396,13 @@ _ABSENT = object()
 _values_of = operator.methodcaller("values")
 
 
+def _picker(indices: list[int]) -> Any:
+    """``list -> tuple`` of the items at ``indices`` (in C; any number of them)."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    return lambda items: tuple(items[i] for i in indices)
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     """Every record of one whole walk whose containers were all kept, laid end to end: the
@@ -327,7 +417,11 @@ class _Snapshot:
     containers: list[Any]
     sizes: list[int]  # how many names each container held
     names: list[str]
-    values: list[Any]
+    value_types: list[type]  # the type of every value,
+    pick: Any  # (an itemgetter of the judged ones among them: functions, wrappers, classes)
+    judged: tuple[Any, ...]  # and the judged ones themselves: a flag or a table the modules
+    # update as they run (cutlass's trace switches, FA4's caches) is no patch, and must not
+    # cost the first key a walk
     fns: list[types.FunctionType]
     codes: list[Any]  # each function's code, and whether its __dict__ held anything, as walked
     filled: list[bool]
@@ -353,6 +447,8 @@ class _Snapshot:
     ) -> _Snapshot | None:
         """None where two records saw one class under two modules (it changed mid-walk)."""
         walked = [w for _, w in records]
+        values = [v for w in walked for v in w.values]
+        judged = [i for i, v in enumerate(values) if isinstance(v, type) or _runs_python(v)]
         agree = True  # every record saw each class under one __module__
         fns: list[types.FunctionType] = []
         marks: list[list[Any]] = [[] for _ in range(5)]  # as _marks lays them out, per function
@@ -382,7 +478,9 @@ class _Snapshot:
             containers=[obj for obj, _ in records],
             sizes=[len(w.names) for w in walked],
             names=[n for w in walked for n in w.names],
-            values=[v for w in walked for v in w.values],
+            value_types=list(map(type, values)),
+            pick=_picker(judged),
+            judged=tuple(values[i] for i in judged),
             fns=fns,
             codes=codes,
             filled=filled,
@@ -405,16 +503,33 @@ class _Snapshot:
         ):
             return False
         members = list(map(vars, self.containers))
+        if (
+            list(map(len, members)) != self.sizes
+            or list(itertools.chain.from_iterable(members)) != self.names
+        ):
+            return False
+        values = list(itertools.chain.from_iterable(map(_values_of, members)))
         return (
-            list(map(len, members)) == self.sizes
-            and list(itertools.chain.from_iterable(members)) == self.names
-            and _same(itertools.chain.from_iterable(map(_values_of, members)), self.values)
+            self._still_inert(values)
+            and _same(self.pick(values), self.judged)
             and _same(map(_code_of, self.fns), self.codes)
-            and _same(map(bool, map(_dict_of, self.fns)), self.filled)
+            and _same(_filled(list(map(_dict_of, self.fns))), self.filled)
             and _same(_dress(self.dressed), self.dress)
             and _same(map(_module_of, self.texts), self.text_modules)
             and _same(map(getattr, self.holders, self.attrs), self.targets)
             and _same(_type_modules(self.types_), self.type_modules)
+        )
+
+    def _still_inert(self, values: list[Any]) -> bool:
+        """Whether every value that was not judged still needs no judging: the same type (one
+        pass in C), or, only where a type changed (a flag from None to a bool), nothing that
+        runs Python."""
+        if _same(map(type, values), self.value_types):
+            return True
+        return not any(
+            isinstance(v, type) or _runs_python(v)
+            for v, t in zip(values, self.value_types)
+            if type(v) is not t
         )
 
 
@@ -519,11 +634,24 @@ def warm_up() -> None:
 
     def run() -> None:
         try:
+            _settled()
             runtime_patches(snapshot=True)
         except Exception as e:  # only a warm-up: the check at the first key says what it finds
             log.debug("fa4cache: patch check warm-up: %s", e)
 
     threading.Thread(target=run, name="fa4cache-patch-check", daemon=True).start()
+
+
+def _settled(timeout: float = 10.0) -> None:
+    """Wait (up to ``timeout`` s) until no checked module is still being imported: the warm-up
+    starts inside FA4's import, and a package whose ``__init__`` is still running fills its
+    namespace after a snapshot taken now (which the first key would then find changed)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(
+        getattr(getattr(m, "__spec__", None), "_initializing", False)
+        for _, m in _checked_modules(list(sys.modules.items()))
+    ):
+        time.sleep(0.01)
 
 
 def _after_fork_in_child() -> None:

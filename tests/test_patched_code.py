@@ -51,18 +51,48 @@ def test_library_and_own_functions_are_not_patches(module: types.ModuleType) -> 
     assert _found() == []
 
 
-@pytest.mark.parametrize(
-    "where",
-    ["function", "wrapped", "partial", "method", "staticmethod", "property"],
-)
+class _SaysNeutral(dict):  # a function's __dict__ that answers get() as a neutral mark would
+    def get(self, key: object, default: object = None) -> object:
+        return True if key == patched_code.NEUTRAL else super().get(key, default)
+
+
+class _LooksEmpty(dict):  # a function's __dict__ that holds __wrapped__ but says it is empty
+    def __len__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class _Fixer:  # a callable instance whose __call__ is the user's code
+    def __call__(self, x: int) -> int:
+        return x + 1
+
+    def fix(self, x: int) -> int:
+        return x + 1
+
+
+def _library_code_wrapping(target: object) -> types.FunctionType:
+    wrapper = types.FunctionType(os.path.join.__code__, vars(os.path))  # code of a library file
+    wrapper.__wrapped__ = target  # type: ignore[attr-defined]
+    return wrapper
+
+
+WHERE = [
+    "function", "wrapped", "partial", "method", "staticmethod", "property", "lru_cache", "bound method",
+    "partialmethod", "cached_property", "callable instance", "class", "__dict__ says neutral",
+    "__dict__ looks empty",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("where", WHERE)
 def test_a_function_of_user_code_in_the_module_is_a_patch(module: types.ModuleType, where: str) -> None:
+    want = f"{NAME}.call_mask_mod"
     if where == "function":
         module.call_mask_mod = _hot_fix
         want = f"{NAME}.call_mask_mod"
     elif where == "wrapped":  # cute.jit's wrapper is the DSL's code; what it wraps is the user's
-        wrapper = types.FunctionType(os.path.join.__code__, vars(os.path))  # code of a library file
-        wrapper.__wrapped__ = _hot_fix  # type: ignore[attr-defined]
-        module.call_mask_mod = wrapper
+        module.call_mask_mod = _library_code_wrapping(_hot_fix)
         want = f"{NAME}.call_mask_mod"
     elif where == "partial":
         module.call_mask_mod = functools.partial(_hot_fix, 1)
@@ -73,11 +103,35 @@ def test_a_function_of_user_code_in_the_module_is_a_patch(module: types.ModuleTy
     elif where == "staticmethod":
         module.Kernel.apply_mask = staticmethod(_hot_fix)
         want = f"{NAME}.Kernel.apply_mask"
-    else:
+    elif where == "property":
         module.Kernel.tile = property(_hot_fix)
         want = f"{NAME}.Kernel.tile"
+    elif where == "lru_cache":  # a hot-fix made cheap the natural way
+        module.call_mask_mod = functools.lru_cache(maxsize=None)(_hot_fix)
+    elif where == "bound method":
+        module.call_mask_mod = _Fixer().fix
+    elif where == "partialmethod":
+        module.Kernel.apply_mask = functools.partialmethod(_hot_fix)
+        want = f"{NAME}.Kernel.apply_mask"
+    elif where == "cached_property":
+        module.Kernel.tile = functools.cached_property(_hot_fix)
+        want = f"{NAME}.Kernel.tile"
+    elif where == "callable instance":
+        module.call_mask_mod = _Fixer()
+    elif where == "class":  # a class of the user's put in the module's place
+        module.Kernel = _Fixer
+        want = f"{NAME}.Kernel"
+    elif where == "__dict__ says neutral":
+        fix = types.FunctionType(_hot_fix.__code__, globals())
+        fix.__dict__ = _SaysNeutral()
+        module.call_mask_mod = fix
+    else:
+        wrapper = _library_code_wrapping(_hot_fix)
+        wrapper.__dict__ = _LooksEmpty(__wrapped__=_hot_fix)
+        module.call_mask_mod = wrapper
     found = _found()
-    assert len(found) == 1 and found[0].startswith(want + " ") and __file__ in found[0], found
+    where_from = f"a class of {__name__!r}" if where == "class" else __file__
+    assert len(found) == 1 and found[0].startswith(want + " ") and where_from in found[0], found
 
 
 def test_a_replacement_that_says_it_only_observes_is_not_a_patch(module: types.ModuleType) -> None:
@@ -101,6 +155,7 @@ def test_found_once_checks_once_and_forget_checks_again(module: types.ModuleType
 CHANGES = [
     "assigned", "code replaced", "wrapped", "class method", "staticmethod re-initialised",
     "property re-initialised", "partial's state set", "a class becomes the module's", "text code's module",
+    "__dict__ replaced by one that looks empty", "lru_cache's __wrapped__", "callable instance's class",
 ]  # fmt: skip
 
 
@@ -117,10 +172,18 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
     module.Kernel.tile = property(os.path.join)
     module.bound = functools.partial(os.path.join, "a")
 
-    class Foreign:  # a class of this file, held by the module but not defined there
+    class Foreign:  # held by the module but not defined there (as of a library's module)
         def meth(self) -> None: ...
 
+    Foreign.__module__ = "os.path"
     module.Foreign = Foreign
+    module.cached = functools.lru_cache(maxsize=None)(os.path.join)
+
+    class Caller:
+        __call__ = os.path.join  # a library's function as __call__
+
+    Caller.__module__ = "os.path"
+    module.caller = Caller()
     text = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0], {}, "g")
     text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
     module.generated = text
@@ -142,6 +205,12 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
         module.bound.__setstate__((_hot_fix, ("a",), {}, None))
     elif change == "a class becomes the module's":
         Foreign.__module__ = NAME
+    elif change == "__dict__ replaced by one that looks empty":
+        library_like.__dict__ = _LooksEmpty(__wrapped__=_hot_fix)
+    elif change == "lru_cache's __wrapped__":
+        module.cached.__wrapped__ = _hot_fix
+    elif change == "callable instance's class":
+        module.caller.__class__ = _Fixer
     else:
         text.__module__ = "__main__"  # text code outside the package: a patch
     found = _found()
@@ -274,3 +343,42 @@ def test_a_checked_module_imported_since_the_snapshot_is_judged(module: types.Mo
         assert patched_code._snapshot is None
     finally:
         del sys.modules[late.__name__]
+
+
+@pytest.mark.parametrize("becomes", ["a bool", "a table", "the user's function", "the user's class"])
+def test_a_module_value_that_changes_keeps_the_snapshot_only_while_it_runs_no_code(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, becomes: str
+) -> None:
+    # A flag or a table the library updates as it runs (cutlass's _VERIFY_TRACE_ENABLED goes
+    # from None to a bool at the first call) is no patch: the first key's check still answers
+    # from the snapshot, with no walk. A value that becomes code is judged.
+    module.FLAG = None
+    assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
+    walks: list[str] = []
+    walk = patched_code._walk
+    monkeypatch.setattr(patched_code, "_walk", lambda q, *a: walks.append(q) or walk(q, *a))
+    module.FLAG = {
+        "a bool": True,
+        "a table": {},
+        "the user's function": _hot_fix,
+        "the user's class": _Fixer,
+    }[becomes]
+    found = _found()
+    if becomes in ("a bool", "a table"):
+        assert found == [] and walks == [] and patched_code._snapshot is not None
+    else:
+        assert len(found) == 1 and found[0].startswith(f"{NAME}.FLAG "), found
+        assert walks == [NAME]  # the one module that changed, judged again
+
+
+def test_the_warm_up_waits_for_a_package_still_being_imported(module: types.ModuleType) -> None:
+    # FA4's interface is imported from inside flash_attn.cute's __init__: a snapshot taken then
+    # would miss the names the package sets after it, and the first key would walk again.
+    import threading
+    import time
+
+    module.__spec__ = types.SimpleNamespace(_initializing=True)
+    threading.Timer(0.3, lambda: setattr(module.__spec__, "_initializing", False)).start()
+    t0 = time.monotonic()
+    patched_code._settled(timeout=5)
+    assert 0.25 < time.monotonic() - t0 < 4

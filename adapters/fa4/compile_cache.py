@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fa4cache.adapters.fa4 import events, fail_open
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
+from fa4cache.adapters.fa4.export_only import RECOMPILE
 from fa4cache.adapters.fa4.fail_open import Stage
 from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
 
@@ -160,6 +161,10 @@ class StoreCompileCache:
             if pending is not None:
                 _forget_pending(self, key)
                 release(pending.lock)
+        if getattr(fn, "engine", 0) is None and pending is not None:
+            # Compiled only to be exported (no DSL JIT engine: adapters/fa4/export_only.py, or
+            # a cross-compile): should it be called here after all, the published bytes run.
+            self.cache[key] = _LoadsWhenCalled(self, key, fn, pending.ref)
 
     def _kept_in_memory(self, key: Any) -> bool:
         # Code of FA4, the DSL or QuACK replaced at run time (checked once, at the first key
@@ -220,6 +225,11 @@ class StoreCompileCache:
 
     def _miss(self, key: Any, held: Any = None) -> bool:
         """``held``: the key's lock, already taken by the caller (a claimed kernel)."""
+        if key in self._pending and _pending_here(self, key):
+            # This thread asked already and compiles it (FA4 asked twice before storing): the
+            # key's lock is held, and one record of the pending miss is enough.
+            release(held)
+            return False
         store = self._inst.store
         found = self._encoded(key)
         if found is None:
@@ -311,17 +321,72 @@ class StoreCompileCache:
         if pending is not None:
             release(pending.lock)
 
+    def load_published(self, key: Any, ref: EntryRef) -> Any:
+        """The kernel ``ref`` names, loaded from the store into memory (for an engine-less one
+        that is called, :class:`_LoadsWhenCalled`)."""
+        why = "it is not in the store (its publish failed)"
+        try:
+            art = self._inst.store.load(ref, remote=False)
+            if art is not None:
+                fn = self._inst.loader(art)
+                self.cache[key] = fn
+                return fn
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+        redo = getattr(self._fn_of(key), RECOMPILE, None)
+        if redo is not None:
+            log.warning(
+                "fa4cache: a %s kernel compiled only to be exported is called, and its stored copy "
+                "cannot be loaded (%s): compiling it again with the DSL's JIT engine. Fix: set "
+                "FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels on a GPU its device files do not show.",
+                self.kind,
+                why,
+            )
+            fn = redo()
+            self.cache[key] = fn
+            return fn
+        raise RuntimeError(
+            f"fa4cache: this {self.kind} kernel was compiled without the DSL's JIT engine, only to be "
+            f"exported (no GPU was visible to this process when it was compiled), and its stored copy "
+            f"cannot be loaded ({why}). Fix: set FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels "
+            f"on a GPU its device files do not show."
+        )
+
+    def _fn_of(self, key: Any) -> Any:
+        held = self.cache.get(key)
+        return held._fn if isinstance(held, _LoadsWhenCalled) else held
+
+
+class _LoadsWhenCalled:
+    """Stands in the cache for an engine-less kernel: the first call loads the bytes that were
+    published for it and runs them; anything else is the compiled function's."""
+
+    def __init__(self, cache: StoreCompileCache, key: Any, fn: Any, ref: EntryRef) -> None:
+        self._cache, self._key, self._fn, self._ref = cache, key, fn, ref
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cache.load_published(self._key, self._ref)(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
 
 def store_miss_pending() -> bool:
     """Whether this thread is compiling a kernel for the store (a miss it answered "compile")."""
     return bool(getattr(_tl, "pending", None))
 
 
+def _pending_here(cache: StoreCompileCache, key: Any) -> bool:
+    lst = getattr(_tl, "pending", None)
+    return bool(lst) and any(c is cache and k == key for c, k in lst)
+
+
 def _remember_pending(cache: StoreCompileCache, key: Any) -> None:
     lst = getattr(_tl, "pending", None)
     if lst is None:
         lst = _tl.pending = []
-    lst.append((cache, key))
+    if not any(c is cache and k == key for c, k in lst):
+        lst.append((cache, key))
 
 
 def _forget_pending(cache: StoreCompileCache, key: Any) -> None:

@@ -10,16 +10,23 @@ this, skips both; the object file fa4cache exports is the same, byte for byte
 (``tests/adapters/fa4/test_export_only.py``).
 
 :func:`enable` wraps the DSL's ``CompileCallable._compile`` so that the option is added only
-while this thread compiles a kernel for the store (a miss is pending,
-:func:`fa4cache.adapters.fa4.compile_cache.store_miss_pending`) in a process that sees no
-GPU; every other compile is the DSL's own. On only for the DSL releases it was checked on
-(:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
+where all of these hold at the compile: this thread compiles a kernel for the store (a miss
+is pending, :func:`fa4cache.adapters.fa4.compile_cache.store_miss_pending`), the function
+compiled is FA4's or QuACK's (a host-only ``@cute.jit`` function of the user's keeps the
+engine it runs on), and the process still sees no GPU (device files, ``CUDA_VISIBLE_DEVICES``,
+torch's CUDA not started). Every other compile is the DSL's own. Should an engine-less kernel
+be called all the same (a GPU the device files did not show), the compile cache stands in for
+it with the published bytes, loaded at the first call, or where they do not load, with the
+DSL's own compile of it, done again
+(:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL
+releases it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -31,7 +38,33 @@ log = logging.getLogger(__name__)
 # without the engine (the test above, against the installed FA4 releases).
 VERIFIED_DSL = frozenset({"4.8.1"})
 _MARK = "__fa4cache_export_only__"
+# Set on a kernel compiled here without the engine: compiles it again, as the DSL would.
+RECOMPILE = "__fa4cache_recompile__"
+# The code whose kernels fa4cache stores: a function compiled from anywhere else is the DSL's own.
+LIBRARIES = ("flash_attn.cute", "quack")
 _lock = threading.Lock()
+
+
+def library_kernel(func: Any) -> bool:
+    """Whether ``func`` (a function, bound method or callable instance) is FA4's or QuACK's."""
+    module = getattr(func, "__module__", None)
+    return isinstance(module, str) and any(module == p or module.startswith(p + ".") for p in LIBRARIES)
+
+
+def gpu_blind() -> bool:
+    """Whether no kernel can run in this process now: no GPU in the device files or
+    ``CUDA_VISIBLE_DEVICES``, and torch has not started CUDA (asked again at each compile: a
+    process may be given a GPU after fa4cache is installed)."""
+    from fa4cache.arch import cuda_devices_visible
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return False
+        except Exception:  # a torch without CUDA support, or half imported: ask the device files
+            pass
+    return not cuda_devices_visible()
 
 
 def _dsl_version() -> str | None:
@@ -52,9 +85,7 @@ def enable() -> bool:
     if version not in VERIFIED_DSL:
         log.debug("fa4cache: export-only compiles off: nvidia-cutlass-dsl %s is not verified", version)
         return False
-    from fa4cache.arch import cuda_devices_visible
-
-    if cuda_devices_visible():
+    if not gpu_blind():
         # A kernel compiled here may run here. (Asked of the device files and
         # CUDA_VISIBLE_DEVICES, not of CUDA: starting its driver here would break fork.)
         return False
@@ -68,9 +99,16 @@ def enable() -> bool:
 
         @functools.wraps(original)
         def _compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            if store_miss_pending():
-                kwargs.setdefault("no_jit_engine", True)
-            return original(self, func, *args, **kwargs)
+            if "no_jit_engine" in kwargs or not (
+                store_miss_pending() and library_kernel(func) and gpu_blind()
+            ):
+                return original(self, func, *args, **kwargs)
+            fn = original(self, func, *args, no_jit_engine=True, **kwargs)
+            try:  # the way back to the DSL's own compile, should the stored bytes not load
+                setattr(fn, RECOMPILE, lambda: original(self, func, *args, **kwargs))
+            except (AttributeError, TypeError):
+                pass
+            return fn
 
         setattr(_compile, _MARK, True)
         CompileCallable._compile = _compile

@@ -32,3 +32,35 @@ def test_kernels_compiled_without_the_engine_export_the_same_bytes(
     with_engine, without = _objects(tmp_path / "cache"), _objects(doc_store["dir"])
     assert len(with_engine) == 4 and with_engine.keys() == without.keys()
     assert with_engine == without
+
+
+def test_only_fa4s_kernels_lose_the_engine_a_host_function_keeps_it() -> None:
+    # While a miss is pending in this thread, a host-only @cute.jit function of the user's is
+    # compiled as the DSL would (an engine, and it runs here); FA4's own functions are the
+    # ones compiled export-only.
+    import cutlass
+    import cutlass.cute as cute
+    import flash_attn.cute.interface as fa4
+    from fa4cache.adapters.fa4 import compile_cache, export_only
+
+    if not export_only.enable():
+        pytest.skip(
+            "export-only compiles are off here (a GPU is visible, or the DSL release is not verified)"
+        )
+
+    def host_only(a):  # type: ignore[no-untyped-def]
+        cute.printf("a=%d\n", a)
+
+    host_only.__annotations__ = {"a": cutlass.Int32}  # objects: this file's annotations are text
+    host_only = cute.jit(host_only)
+
+    assert export_only.library_kernel(fa4._flash_attn_fwd) and not export_only.library_kernel(host_only)
+    compile_cache._tl.pending = [(object(), "a pending miss")]
+    try:
+        assert compile_cache.store_miss_pending()
+        compiled = cute.compile(host_only, 3)
+    finally:
+        compile_cache._tl.pending = []
+        export_only.disable()
+    assert getattr(compiled, "engine", None) is not None
+    compiled(4)  # runs: the DSL's own engine

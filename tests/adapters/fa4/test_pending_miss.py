@@ -1,0 +1,92 @@
+"""adapters/fa4/compile_cache.py: a pending miss (the key's lock held while this thread
+compiles) is recorded once however often FA4 asks, and ends when the kernel is stored; a kernel
+compiled without the DSL's JIT engine that is called after all runs the bytes published for it.
+
+The store, its locks and threads are real; the compiler is tests/helpers/fake_compiler.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, store_miss_pending
+from fa4cache.adapters.fa4.export_only import RECOMPILE
+from fa4cache.adapters.route import Route
+
+from fa4cache.store.store import Store
+from tests.helpers.fake_compiler import FakeCompiled, fake_load, installation
+
+
+class Engineless(FakeCompiled):
+    """A kernel as the DSL returns it compiled with ``no_jit_engine``: exportable, not callable."""
+
+    engine = None
+
+    def __call__(self, x: int) -> int:
+        raise RuntimeError("The compiled function does not have a valid execution engine.")
+
+
+def _in_thread(fn: Any, timeout: float = 20.0) -> Any:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked: the key's lock was never released"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_key_asked_twice_before_it_is_stored_is_one_pending_miss(tmp_path: Path) -> None:
+    store = Store(cache_dir=tmp_path / "cache")
+    cache = StoreCompileCache("fwd", installation(store))
+
+    def compile_as_fa4_may() -> tuple[bool, bool, bool]:
+        missed = 7 not in cache and 7 not in cache  # asked twice before it stores
+        during = store_miss_pending()
+        cache[7] = FakeCompiled(7)
+        return missed, during, store_miss_pending()
+
+    assert _in_thread(compile_as_fa4_may) == (True, True, False)  # nothing left pending after
+    other = StoreCompileCache("fwd", installation(store))
+    assert _in_thread(lambda: 7 in other)  # the lock is free and the kernel stored
+    assert store.counters.snapshot()["counters"]["misses"] == 1
+
+
+@pytest.mark.parametrize("case", ["published", "not published", "not published, compiled again"])
+def test_an_engineless_kernel_called_runs_the_published_bytes_or_its_own_compile(
+    tmp_path: Path, case: str
+) -> None:
+    store = Store(cache_dir=tmp_path / "cache")
+    inst = installation(store)
+    if case != "published":
+
+        def broken_export(fn: Any, path: Path) -> bool:
+            raise OSError(28, "No space left on device")
+
+        inst = Route(store, loader=fake_load, exporter=broken_export)
+        inst._toolchain = installation(store)._toolchain
+    cache = StoreCompileCache("fwd", inst)
+    assert 5 not in cache
+    fn = Engineless(5)
+    if case.endswith("compiled again"):  # as export_only's wrapper leaves it: the DSL's own compile
+        setattr(fn, RECOMPILE, lambda: FakeCompiled(5))
+    cache[5] = fn
+    assert cache[5].engine is None  # what a caller asks of the compiled function is its own
+    if case == "not published":
+        with pytest.raises(RuntimeError, match="FA4CACHE_EXPORT_ONLY=0"):
+            cache[5](1)
+        return
+    assert cache[5](1) == 6
+    assert type(cache.cache[5]) is FakeCompiled  # loaded or compiled once, then it runs
+    assert cache[5](2) == 7
