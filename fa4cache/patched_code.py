@@ -497,28 +497,54 @@ class _Snapshot:
         )
 
     def holds(self, imported: list[tuple[str, Any]]) -> bool:
-        moved = not _same_pairs(imported, self.imported)  # something imported since: the modules that count
-        if moved and not (
-            _same_modules(_checked_modules(imported), self.checked) and _own_roots() == self.own
-        ):
-            return False
+        """Whether the snapshot vouches for every checked module imported now."""
+        what, added = self.changed(imported)
+        return what is None and not added
+
+    def changed(self, imported: list[tuple[str, Any]]) -> tuple[str | None, list[tuple[str, Any]]]:
+        """What no longer holds (logged at debug level: each costs the first key a check record
+        by record), or None where the snapshot vouches for every record; and the checked
+        modules imported since, which it cannot vouch for (they are judged on their own)."""
+        added: list[tuple[str, Any]] = []
+        if not _same_pairs(imported, self.imported):  # something imported since: the modules that count
+            now = _checked_modules(imported)
+            if not _same_modules(now, self.checked):
+                then = self.checked
+                kept = [(n, m) for n, m in now if n in then]
+                if len(kept) != len(then) or not all(then[n] is m for n, m in kept):
+                    return "a checked module removed or replaced", []
+                added = [(n, m) for n, m in now if n not in then]
+            if _own_roots() != self.own:
+                return "fa4cache's own folders", []
         members = list(map(vars, self.containers))
-        if (
-            list(map(len, members)) != self.sizes
-            or list(itertools.chain.from_iterable(members)) != self.names
-        ):
-            return False
-        values = list(itertools.chain.from_iterable(map(_values_of, members)))
-        return (
-            self._still_inert(values)
-            and _same(self.pick(values), self.judged)
-            and _same(map(_code_of, self.fns), self.codes)
-            and _same(_filled(list(map(_dict_of, self.fns))), self.filled)
-            and _same(_dress(self.dressed), self.dress)
-            and _same(map(_module_of, self.texts), self.text_modules)
-            and _same(map(getattr, self.holders, self.attrs), self.targets)
-            and _same(_type_modules(self.types_), self.type_modules)
+        sizes = list(map(len, members))
+        if sizes == self.sizes:
+            names, values = members, list(map(_values_of, members))
+        else:
+            # A namespace that only grew by values that run no code (a submodule imported since
+            # sets its name on its package) keeps what it held, in order, first.
+            if not all(map(operator.ge, sizes, self.sizes)):
+                return "a name removed from a module or class", added
+            grew = [i for i, (n, m) in enumerate(zip(sizes, self.sizes)) if n != m]
+            new = [v for i in grew for v in itertools.islice(members[i].values(), self.sizes[i], None)]
+            if any(isinstance(v, type) or _runs_python(v) for v in new):
+                return "a function, wrapper or class added to a module or class", added
+            names = list(map(itertools.islice, members, self.sizes))
+            values = list(map(itertools.islice, map(_values_of, members), self.sizes))
+        if list(itertools.chain.from_iterable(names)) != self.names:
+            return "a module's or class's names", added
+        flat = list(itertools.chain.from_iterable(values))
+        checks = (
+            ("a value that runs code", lambda: self._still_inert(flat)),
+            ("a function, wrapper or class held", lambda: _same(self.pick(flat), self.judged)),
+            ("a function's code", lambda: _same(map(_code_of, self.fns), self.codes)),
+            ("a function's attributes", lambda: _same(_filled(list(map(_dict_of, self.fns))), self.filled)),
+            ("a function's __wrapped__ or mark", lambda: _same(_dress(self.dressed), self.dress)),
+            ("text code's module", lambda: _same(map(_module_of, self.texts), self.text_modules)),
+            ("a wrapper's link", lambda: _same(map(getattr, self.holders, self.attrs), self.targets)),
+            ("a class's module", lambda: _same(_type_modules(self.types_), self.type_modules)),
         )
+        return next((what for what, holds in checks if not holds()), None), added
 
     def _still_inert(self, values: list[Any]) -> bool:
         """Whether every value that was not judged still needs no judging: the same type (one
@@ -552,35 +578,56 @@ def runtime_patches(*, snapshot: bool = False) -> list[str]:
     with _walk_lock:
         imported = list(sys.modules.items())
         snap = _snapshot
-        if snap is not None and snap.holds(imported):
-            return list(snap.found)
+        if snap is not None:
+            what, added = snap.changed(imported)
+            if what is None:
+                # The snapshot vouches for its records; a checked module imported since is
+                # judged on its own (its records join the others for a later call).
+                live: dict[Any, Any] = {}
+                found = list(snap.found) + _judge(added, snap.own, live, [])[0]
+                _walked.update(live)
+                return sorted(set(found))
+            log.debug("fa4cache: patch check: changed since the snapshot: %s", what)
         _snapshot = None
         checked = _checked_modules(imported)
         own = _own_roots()
-        found: list[str] = []
-        live: dict[Any, Any] = {}
+        live = {}
         records: list[tuple[Any, _Walked]] = []  # in walk order, each name of a module its own
-        whole = True  # every module walked and every record kept: a snapshot can vouch for them
-        for mod_name, module in checked:
-            try:
-                vars(module)
-            except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
-                whole = False
-                continue
-            seen, how = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
-            records.append((module, seen))
-            whole = whole and how != "unstable"
-            found += seen.found
-            for name, cls in seen.classes:
-                member, how = _container(f"{mod_name}.{name}", cls, own, None, live)
-                records.append((cls, member))
-                whole = whole and how != "unstable"
-                found += member.found
+        found, whole = _judge(checked, own, live, records)
         _walked = live
         found = sorted(set(found))
         if whole and snapshot:
             _snapshot = _Snapshot.of(imported, checked, own, records, found)
     return found
+
+
+def _judge(
+    modules: list[tuple[str, Any]],
+    own: tuple[str, ...],
+    live: dict[Any, Any],
+    records: list[tuple[Any, _Walked]],
+) -> tuple[list[str], bool]:
+    """Judge ``modules`` and the classes each defines (:func:`_container`): what was found,
+    and whether every record was kept (a snapshot can vouch for them); each record is added to
+    ``live`` and, in walk order, to ``records``."""
+    found: list[str] = []
+    whole = True
+    for mod_name, module in modules:
+        try:
+            vars(module)
+        except TypeError:  # an odd module (a lazy proxy, no __dict__): nothing to say about it
+            whole = False
+            continue
+        seen, how = _container(mod_name, module, own, mod_name, live)  # what raises fails the check
+        records.append((module, seen))
+        whole = whole and how != "unstable"
+        found += seen.found
+        for name, cls in seen.classes:
+            member, how = _container(f"{mod_name}.{name}", cls, own, None, live)
+            records.append((cls, member))
+            whole = whole and how != "unstable"
+            found += member.found
+    return found, whole
 
 
 _lock = threading.Lock()

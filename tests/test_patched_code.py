@@ -328,19 +328,28 @@ def test_an_unchanged_namespace_is_answered_without_a_walk(
     assert len(found) == 1 and found[0].startswith(f"{NAME}.call_mask_mod "), found
 
 
-def test_a_checked_module_imported_since_the_snapshot_is_judged(module: types.ModuleType) -> None:
-    # The snapshot vouches for the modules it was taken with: a checked module imported since
-    # is walked by the next call, which takes no snapshot of its own (that costs tens of
-    # milliseconds: the warm-up's job, off the step's path).
+def test_a_checked_module_imported_since_the_snapshot_is_judged_on_its_own(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The snapshot vouches for the modules it was taken with; a checked module imported since
+    # (a submodule FA4 imports at its first call, whose name lands on its package) is walked
+    # alone, and the snapshot stays for the next call.
     patched_code.runtime_patches(snapshot=True)
     assert patched_code._snapshot is not None
+    walks: list[str] = []
+    walk = patched_code._walk
+    monkeypatch.setattr(patched_code, "_walk", lambda q, *a: walks.append(q) or walk(q, *a))
     late = types.ModuleType(NAME + "_late")
     late.hot = _hot_fix
     sys.modules[late.__name__] = late
+    module._late = late  # as an import sets a submodule on its package
     try:
         found = _found()
         assert len(found) == 1 and found[0].startswith(f"{NAME}_late.hot "), found
-        assert patched_code._snapshot is None
+        assert walks == [late.__name__] and patched_code._snapshot is not None
+        module.added_fix = _hot_fix  # code added to a module the snapshot holds: judged again
+        found = _found()
+        assert f"{NAME}.added_fix" in " ".join(found) and NAME in walks, (found, walks)
     finally:
         del sys.modules[late.__name__]
 

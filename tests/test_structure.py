@@ -414,7 +414,6 @@ UNTESTED_TODAY = frozenset(
     fa4cache.adapters.fa4.events
     fa4cache.adapters.fa4.import_hook
     fa4cache.adapters.patch
-    fa4cache.adapters.route
     fa4cache.adapters.transformers.common
     fa4cache.adapters.transformers.fallback
     fa4cache.adapters.transformers.models

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fa4cache.adapters.fa4 import events, fail_open
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
-from fa4cache.adapters.fa4.export_only import RECOMPILE
 from fa4cache.adapters.fa4.fail_open import Stage
 from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
 
@@ -101,6 +100,9 @@ def _listed(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("fa4cache: this kernel was listed, not compiled; it cannot run")
 
 
+# Set by adapters/fa4/export_only.py on a kernel it compiled without the DSL's JIT engine: the
+# DSL's own compile of it, should the bytes published for it not load when it is called.
+RECOMPILE = "__fa4cache_recompile__"
 _LISTED = _listed  # what get() returns for a kernel a selector lists without compiling
 
 

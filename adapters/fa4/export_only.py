@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 # without the engine (the test above, against the installed FA4 releases).
 VERIFIED_DSL = frozenset({"4.8.1"})
 _MARK = "__fa4cache_export_only__"
-# Set on a kernel compiled here without the engine: compiles it again, as the DSL would.
-RECOMPILE = "__fa4cache_recompile__"
 # The code whose kernels fa4cache stores: a function compiled from anywhere else is the DSL's own.
 LIBRARIES = ("flash_attn.cute", "quack")
 _lock = threading.Lock()
@@ -90,7 +88,7 @@ def enable() -> bool:
         # CUDA_VISIBLE_DEVICES, not of CUDA: starting its driver here would break fork.)
         return False
     from cutlass.base_dsl.compiler import CompileCallable
-    from fa4cache.adapters.fa4.compile_cache import store_miss_pending
+    from fa4cache.adapters.fa4.compile_cache import RECOMPILE, store_miss_pending
 
     with _lock:
         original = CompileCallable._compile

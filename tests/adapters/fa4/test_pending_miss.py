@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fa4cache.adapters.fa4.compile_cache import StoreCompileCache, store_miss_pending
-from fa4cache.adapters.fa4.export_only import RECOMPILE
+from fa4cache.adapters.fa4.compile_cache import RECOMPILE, StoreCompileCache, store_miss_pending
 from fa4cache.adapters.route import Route
 
 from fa4cache.store.store import Store
