@@ -236,9 +236,9 @@ def checked_again_if_imported(step: Callable[[], T]) -> T:
     """``step()``; if it imported code, the run-time patch verdict is taken again (judging only
     what changed: milliseconds), so that the children forked after it inherit a verdict that
     saw that code."""
-    known = len(sys.modules)
+    known = list(sys.modules)  # names, in order: an import and a removal may leave the count
     out = step()
-    if len(sys.modules) != known:
+    if list(sys.modules) != known:
         patched_code.forget()
         patched_code.found_once()
     return out
