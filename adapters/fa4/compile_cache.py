@@ -153,6 +153,8 @@ class StoreCompileCache:
         self.cache[key] = fn
         if self._kept_in_memory(key):
             self._inst.store.counters.add("memory_only_compiles")
+            if getattr(fn, "engine", 0) is None and getattr(fn, RECOMPILE, None) is not None:
+                self.cache[key] = _LoadsWhenCalled(self, key, fn, None)  # nothing stored: compiled again
             return
         pending = self._pending.pop(key, None)
         try:
@@ -320,22 +322,24 @@ class StoreCompileCache:
 
     def release_pending(self, key: Any) -> None:
         pending = self._pending.pop(key, None)
+        _forget_pending(self, key)  # this thread compiles it no longer, stored or not
         if pending is not None:
             release(pending.lock)
 
-    def load_published(self, key: Any, ref: EntryRef) -> Any:
-        """The kernel ``ref`` names, loaded from the store into memory (for an engine-less one
-        that is called, :class:`_LoadsWhenCalled`)."""
-        why = "it is not in the store (its publish failed)"
+    def load_published(self, key: Any, ref: EntryRef | None, compiled: Any) -> Any:
+        """What runs for ``compiled``, a kernel compiled without the DSL's JIT engine that is
+        called (:class:`_LoadsWhenCalled`): the bytes published for it under ``ref``, loaded,
+        or else the DSL's own compile of it again; kept in memory under ``key``."""
+        why = "it is not in the store (its publish failed)" if ref is not None else "it was not stored"
         try:
-            art = self._inst.store.load(ref, remote=False)
+            art = self._inst.store.load(ref, remote=False) if ref is not None else None
             if art is not None:
                 fn = self._inst.loader(art)
                 self.cache[key] = fn
                 return fn
         except Exception as e:
             why = f"{type(e).__name__}: {e}"
-        redo = getattr(self._fn_of(key), RECOMPILE, None)
+        redo = getattr(compiled, RECOMPILE, None)
         if redo is not None:
             log.warning(
                 "fa4cache: a %s kernel compiled only to be exported is called, and its stored copy "
@@ -354,23 +358,25 @@ class StoreCompileCache:
             f"on a GPU its device files do not show."
         )
 
-    def _fn_of(self, key: Any) -> Any:
-        held = self.cache.get(key)
-        return held._fn if isinstance(held, _LoadsWhenCalled) else held
-
 
 class _LoadsWhenCalled:
     """Stands in the cache for an engine-less kernel: the first call loads the bytes that were
     published for it and runs them; anything else is the compiled function's."""
 
-    def __init__(self, cache: StoreCompileCache, key: Any, fn: Any, ref: EntryRef) -> None:
+    def __init__(self, cache: StoreCompileCache, key: Any, fn: Any, ref: EntryRef | None) -> None:
         self._cache, self._key, self._fn, self._ref = cache, key, fn, ref
+        self._runs: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._cache.load_published(self._key, self._ref)(*args, **kwargs)
+        if self._runs is None:
+            self._runs = self._cache.load_published(self._key, self._ref, self._fn)
+        return self._runs(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._fn, name)
+        fn = self.__dict__.get("_fn")  # (absent while copy or pickle builds one)
+        if fn is None:
+            raise AttributeError(name)
+        return getattr(fn, name)
 
 
 def store_miss_pending() -> bool:

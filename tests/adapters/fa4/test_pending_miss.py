@@ -89,3 +89,28 @@ def test_an_engineless_kernel_called_runs_the_published_bytes_or_its_own_compile
     assert cache[5](1) == 6
     assert type(cache.cache[5]) is FakeCompiled  # loaded or compiled once, then it runs
     assert cache[5](2) == 7
+
+
+def test_a_miss_released_without_a_kernel_leaves_nothing_pending(tmp_path: Path) -> None:
+    # A compile that failed (adapters/jit's path, uninstall) releases the key: the thread
+    # compiles nothing for the store any more, and another thread's miss waits on its own lock.
+    store = Store(cache_dir=tmp_path / "cache")
+    cache = StoreCompileCache("fwd", installation(store))
+
+    def miss_then_release() -> bool:
+        assert 7 not in cache and store_miss_pending()
+        cache.release_pending(7)
+        return store_miss_pending()
+
+    assert _in_thread(miss_then_release) is False
+
+
+def test_an_engineless_kernel_kept_in_memory_is_compiled_again_when_called(tmp_path: Path) -> None:
+    store = Store(cache_dir=tmp_path / "cache")
+    cache = StoreCompileCache("fwd", installation(store))
+    cache._unkeyed.add(9)  # a key fa4cache could not encode: memory only, never stored
+    assert 9 not in cache
+    fn = Engineless(9)
+    setattr(fn, RECOMPILE, lambda: FakeCompiled(9))
+    cache[9] = fn
+    assert cache[9](1) == 10 and type(cache.cache[9]) is FakeCompiled
