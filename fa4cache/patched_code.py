@@ -7,8 +7,9 @@ kernels to patched code and the other way round. :func:`runtime_patches` looks, 
 code the imported modules of these packages hold: module-level functions and the methods
 (plain, static, class, properties) of the classes each module defines, through whatever
 wraps them (``__wrapped__`` chains, as ``cute.jit``'s wrapper and ``lru_cache`` have;
-partials, ``partialmethod``, ``cached_property``, bound methods, a callable instance's
-``__call__``). Each must come from a library's file (:func:`fa4cache.identity.library_label`)
+partials and ``partialmethod`` with the functions they pass, ``cached_property``, bound
+methods, an instance's ``__call__`` or ``__get__``), and the classes defined inside those
+classes. A ``unittest.mock`` object in a module is a patch. Each must come from a library's file (:func:`fa4cache.identity.library_label`)
 or from fa4cache's own (its patches are named in the toolchain id: interval masking; the
 others are routing that does not change the code generated), and so must each class a
 module holds. Code from anywhere else is a patch, and the caller keeps every kernel of the
@@ -18,7 +19,8 @@ read as the interpreter reads them (``dict``'s own methods, whatever its ``__dic
 A replacement that only observes (a counter, a timer) and calls what it replaced may say so
 with ``fn.__fa4cache_codegen_neutral__ = True``.
 
-Not seen: values replaced at run time (a module constant), a library function put in
+Not seen: values replaced at run time (a module constant), a partial's keywords changed in
+place, text code that names a checked module as its own, a library function put in
 another's place, the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
 many to walk at every process start), and a patch made after the first kernel's key (the
 check runs once).
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 # The packages whose sources the toolchain id digests (fingerprint.py), as module prefixes.
 PACKAGES = ("flash_attn.cute", "cutlass", "quack")
 _MAX_WRAPPED = 16
+_MAX_NESTED = 4  # classes inside classes, walked this deep
 # The DSL's generated MLIR op bindings: 45,000 class members, 60% of all (cutlass 4.x), whose
 # walk would cost more than the rest together; their module-level functions are checked.
 _GENERATED = "cutlass._mlir."
@@ -95,7 +98,12 @@ def _functions(obj: Any, links: list[tuple[Any, str, Any]] | None = None) -> lis
             followed = [("__func__", obj.__func__)]
         elif isinstance(obj, property):
             followed = [("fget", obj.fget), ("fset", obj.fset), ("fdel", obj.fdel)]
-        elif isinstance(obj, (functools.partial, functools.partialmethod, functools.cached_property)):
+        elif isinstance(obj, (functools.partial, functools.partialmethod)):
+            # and what it passes (a library function handed a user's function runs it)
+            followed = [("func", obj.func), ("args", obj.args)]
+            todo += [a for a in obj.args if _runs_python(a)]
+            todo += [a for a in (obj.keywords or {}).values() if _runs_python(a)]
+        elif isinstance(obj, functools.cached_property):
             followed = [("func", obj.func)]
         elif isinstance(obj, _LRU):
             followed = [("__wrapped__", getattr(obj, "__wrapped__", None))]
@@ -103,16 +111,17 @@ def _functions(obj: Any, links: list[tuple[Any, str, Any]] | None = None) -> lis
             out.append(obj)
             continue
         else:
-            # A callable instance runs its class's __call__ (the class itself is a link: an
-            # instance's __class__ can be assigned).
+            # A callable instance runs its class's __call__, a descriptor its __get__ (the class
+            # itself is a link: an instance's __class__ can be assigned).
             klass = type(obj)
-            call = _class_call(klass)
-            if call is None:
+            hooks = _class_hooks(klass)
+            if not hooks:
                 continue
             followed = [("__class__", klass)]
-            if links is not None:
-                links.append((klass, "__call__", call))
-            todo.append(call)
+            for name, hook in hooks:
+                if links is not None:
+                    links.append((klass, name, hook))
+                todo.append(hook)
         for attr, target in followed:
             if links is not None:
                 links.append((obj, attr, target))
@@ -171,7 +180,9 @@ def _foreign_class(klass: type, module: Any, own: tuple[str, ...]) -> bool:
         return True
     if _in_package(module) or module in sys.builtin_module_names:
         return False
-    path = getattr(sys.modules.get(module), "__file__", None)
+    if module not in sys.modules:
+        return True  # no module to vouch for it
+    path = getattr(sys.modules[module], "__file__", None)
     if path is None:
         return module == "__main__" or module.startswith("__")
     return not _library_file(path, own)
@@ -196,6 +207,7 @@ class _Walked:
     type_modules: list[Any]  # with their __module__ as walked (which of them are "defined here")
     classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
     own: tuple[str, ...]  # fa4cache's own folders when it was judged (_foreign reads them)
+    inert: tuple[type, ...]  # the types of the values that ran no code (_hooks_appeared)
 
 
 _dict_of = operator.attrgetter("__dict__")
@@ -256,22 +268,47 @@ _SIMPLE = (
 )
 
 
-def _class_call(klass: type) -> types.FunctionType | None:
-    """The Python ``__call__`` instances of ``klass`` run, if it has one (a class's own
-    attribute, found along its MRO; a metaclass's is what calling the class runs, not an
-    instance)."""
-    for base in klass.__mro__:
-        call = base.__dict__.get("__call__")
-        if call is not None:
-            return call if type(call) is types.FunctionType else None
-    return None
+_HOOKS = ("__call__", "__get__")
+
+
+def _class_hooks(klass: type) -> list[tuple[str, types.FunctionType]]:
+    """The Python ``__call__`` and ``__get__`` instances of ``klass`` run (a callable, a
+    descriptor): each the first found along its MRO, where it is a Python function (a
+    metaclass's is what calling the class runs, not an instance)."""
+    out = []
+    for name in _HOOKS:
+        for base in klass.__mro__:
+            hook = base.__dict__.get(name)
+            if hook is not None:
+                if type(hook) is types.FunctionType:
+                    out.append((name, hook))
+                break
+    return out
 
 
 def _runs_python(obj: Any) -> bool:
     """Whether ``obj`` is something :func:`_functions` follows: a function or wrapper of one,
-    or a callable instance whose class has a Python ``__call__`` (never a class: its methods
-    are judged where it is defined, or by :func:`_foreign_class`)."""
-    return isinstance(obj, _SIMPLE) or (not isinstance(obj, type) and _class_call(type(obj)) is not None)
+    or an instance whose class has a Python ``__call__`` or ``__get__`` (never a class: its
+    methods are judged where it is defined, or by :func:`_foreign_class`). Where a value runs
+    none, its type is kept (:func:`_hooks_appeared`): a class can gain a hook, or new bases."""
+    return isinstance(obj, _SIMPLE) or (not isinstance(obj, type) and bool(_class_hooks(type(obj))))
+
+
+def _inert_types(values: list[Any]) -> tuple[type, ...]:
+    """The types of the values that run no code (each once)."""
+    return tuple(
+        {
+            id(t): t for v in values if not isinstance(v, type) and not _runs_python(v) for t in (type(v),)
+        }.values()
+    )
+
+
+def _hooks_appeared(types_: tuple[type, ...]) -> bool:
+    """Whether a type whose instances ran no code now gives them a Python hook."""
+    return any(map(_class_hooks, types_))
+
+
+_MOCKS = ("unittest.mock",)
 
 
 _walk_lock = threading.Lock()
@@ -295,7 +332,9 @@ def _traverse(values: list[Any]) -> tuple[list[types.FunctionType], list[tuple[A
     return fns, links, owner
 
 
-def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None) -> tuple[_Walked, bool]:
+def _walk(
+    qualname: str, members: Any, own: tuple[str, ...], module: str | None, outer: type | None = None
+) -> tuple[_Walked, bool]:
     """Judge the functions of one module or class; the record of what was judged, and whether
     nothing the verdict read changed while it was judged (another thread patching meanwhile):
     only then is the record kept, else the next call walks it again."""
@@ -313,15 +352,31 @@ def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None)
         for n, v in zip(names, values)
         if isinstance(v, type) and _foreign_class(v, m := v.__dict__.get("__module__"), own)
     ]
-    classes = (
-        [
+    # A mock put in a library's place (unittest.mock.patch) runs whatever it was told to.
+    found += [
+        f"{qualname}.{n} (a {type(v).__name__} of unittest.mock)"
+        for n, v in zip(names, values)
+        if type(v).__module__ in _MOCKS
+    ]
+    if module is not None and not module.startswith(_GENERATED):
+        classes = [
             (n, v)
             for n, v in zip(names, values)
             if isinstance(v, type) and v.__dict__.get("__module__") == module
         ]
-        if module is not None and not module.startswith(_GENERATED)
-        else []
-    )
+    elif outer is not None and not str(outer.__module__).startswith(_GENERATED):
+        # classes defined inside this one (FA4's tile schedulers' Params)
+        inner = f"{outer.__qualname__}."
+        classes = [
+            (n, v)
+            for n, v in zip(names, values)
+            if isinstance(v, type)
+            and v.__dict__.get("__module__") == outer.__module__
+            and getattr(v, "__qualname__", None) == inner + n
+        ]
+    else:
+        classes = []
+    inert = _inert_types(values)
     fns2, links2, _ = _traverse(values)
     stable = (
         len(fns2) == len(fns)
@@ -333,7 +388,8 @@ def _walk(qualname: str, members: Any, own: tuple[str, ...], module: str | None)
     )
     holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
     links_ = (holders, attrs, targets)
-    return _Walked(names, values, found, fns, marks, links_, classes_, type_modules, classes, own), stable
+    walked = _Walked(names, values, found, fns, marks, links_, classes_, type_modules, classes, own, inert)
+    return walked, stable and not _hooks_appeared(inert)
 
 
 def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool:
@@ -347,11 +403,17 @@ def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool
         and _same(_marks(seen.fns), seen.marks)
         and _same(map(getattr, holders, attrs), targets)
         and _same(_type_modules(seen.types_), seen.type_modules)
+        and not _hooks_appeared(seen.inert)
     )
 
 
 def _container(
-    qualname: str, obj: Any, own: tuple[str, ...], module: str | None, live: dict[Any, Any]
+    qualname: str,
+    obj: Any,
+    own: tuple[str, ...],
+    module: str | None,
+    live: dict[Any, Any],
+    outer: type | None = None,
 ) -> tuple[_Walked, str]:
     """The record of ``obj`` and how it was had: ``"kept"`` (unchanged since the last walk),
     ``"walked"`` (judged now, kept for the next call) or ``"unstable"`` (judged now, but a change
@@ -362,7 +424,7 @@ def _container(
     seen = prev[1] if prev is not None and prev[0] is obj else None
     how = "kept"
     if not _unchanged(seen, members, own):
-        seen, stable = _walk(qualname, members, own, module)
+        seen, stable = _walk(qualname, members, own, module, outer)
         if not stable:
             return seen, "unstable"
         how = "walked"
@@ -419,6 +481,7 @@ class _Snapshot:
     names: list[str]
     value_types: list[type]  # the type of every value,
     pick: Any  # (an itemgetter of the judged ones among them: functions, wrappers, classes)
+    inert: tuple[type, ...]  # the types of the others (each once): none may gain a hook
     judged: tuple[Any, ...]  # and the judged ones themselves: a flag or a table the modules
     # update as they run (cutlass's trace switches, FA4's caches) is no patch, and must not
     # cost the first key a walk
@@ -481,6 +544,7 @@ class _Snapshot:
             value_types=list(map(type, values)),
             pick=_picker(judged),
             judged=tuple(values[i] for i in judged),
+            inert=tuple({id(t): t for w in walked for t in w.inert}.values()),
             fns=fns,
             codes=codes,
             filled=filled,
@@ -536,6 +600,7 @@ class _Snapshot:
         flat = list(itertools.chain.from_iterable(values))
         checks = (
             ("a value that runs code", lambda: self._still_inert(flat)),
+            ("a class that gained a __call__ or __get__", lambda: not _hooks_appeared(self.inert)),
             ("a function, wrapper or class held", lambda: _same(self.pick(flat), self.judged)),
             ("a function's code", lambda: _same(map(_code_of, self.fns), self.codes)),
             ("a function's attributes", lambda: _same(_filled(list(map(_dict_of, self.fns))), self.filled)),
@@ -622,11 +687,15 @@ def _judge(
         records.append((module, seen))
         whole = whole and how != "unstable"
         found += seen.found
-        for name, cls in seen.classes:
-            member, how = _container(f"{mod_name}.{name}", cls, own, None, live)
+        todo = [(f"{mod_name}.{name}", cls, 0) for name, cls in seen.classes]
+        while todo:
+            qualname, cls, depth = todo.pop(0)
+            member, how = _container(qualname, cls, own, None, live, cls)
             records.append((cls, member))
             whole = whole and how != "unstable"
             found += member.found
+            if depth < _MAX_NESTED:
+                todo += [(f"{qualname}.{name}", inner, depth + 1) for name, inner in member.classes]
     return found, whole
 
 

@@ -64,6 +64,11 @@ class _LooksEmpty(dict):  # a function's __dict__ that holds __wrapped__ but say
         return False
 
 
+class _Descriptor:  # what a class attribute access runs: the user's __get__
+    def __get__(self, obj: object, owner: object = None) -> object:
+        return _hot_fix
+
+
 class _Fixer:  # a callable instance whose __call__ is the user's code
     def __call__(self, x: int) -> int:
         return x + 1
@@ -81,7 +86,8 @@ def _library_code_wrapping(target: object) -> types.FunctionType:
 WHERE = [
     "function", "wrapped", "partial", "method", "staticmethod", "property", "lru_cache", "bound method",
     "partialmethod", "cached_property", "callable instance", "class", "__dict__ says neutral",
-    "__dict__ looks empty",
+    "__dict__ looks empty", "partial's argument", "mock", "descriptor", "nested class",
+    "class of a module not imported",
 ]  # fmt: skip
 
 
@@ -125,12 +131,41 @@ def test_a_function_of_user_code_in_the_module_is_a_patch(module: types.ModuleTy
         fix = types.FunctionType(_hot_fix.__code__, globals())
         fix.__dict__ = _SaysNeutral()
         module.call_mask_mod = fix
-    else:
+    elif where == "__dict__ looks empty":
         wrapper = _library_code_wrapping(_hot_fix)
         wrapper.__dict__ = _LooksEmpty(__wrapped__=_hot_fix)
         module.call_mask_mod = wrapper
+    elif where == "partial's argument":  # a library function handed the user's
+        module.call_mask_mod = functools.partial(map, _hot_fix)
+    elif where == "mock":  # unittest.mock.patch's object runs whatever it was given
+        from unittest import mock
+
+        module.call_mask_mod = mock.MagicMock(side_effect=len)
+        where_from = "unittest.mock"
+    elif where == "descriptor":
+        module.Kernel.tile = _Descriptor()
+        want = f"{NAME}.Kernel.tile"
+    elif where == "nested class":
+
+        class Params:
+            pass
+
+        Params.__module__, Params.__qualname__ = NAME, f"{module.Kernel.__qualname__}.Params"
+        module.Kernel.Params = Params
+        Params.create = _hot_fix
+        want = f"{NAME}.Kernel.Params.create"
+    else:
+
+        class Orphan:
+            pass
+
+        Orphan.__module__ = "_fa4cache_never_imported"
+        module.Kernel = Orphan
+        want = f"{NAME}.Kernel"
+        where_from = "a class of '_fa4cache_never_imported'"
     found = _found()
-    where_from = f"a class of {__name__!r}" if where == "class" else __file__
+    if where not in ("mock", "class of a module not imported"):
+        where_from = f"a class of {__name__!r}" if where == "class" else __file__
     assert len(found) == 1 and found[0].startswith(want + " ") and where_from in found[0], found
 
 
@@ -156,6 +191,7 @@ CHANGES = [
     "assigned", "code replaced", "wrapped", "class method", "staticmethod re-initialised",
     "property re-initialised", "partial's state set", "a class becomes the module's", "text code's module",
     "__dict__ replaced by one that looks empty", "lru_cache's __wrapped__", "callable instance's class",
+    "an instance's class gains __call__", "an instance's class gains a base",
 ]  # fmt: skip
 
 
@@ -184,6 +220,18 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
 
     Caller.__module__ = "os.path"
     module.caller = Caller()
+
+    class Start:
+        pass
+
+    class Base:
+        pass
+
+    class Plain(Start):  # its instances run no code, until the class changes
+        pass
+
+    Plain.__module__ = "os.path"
+    module.plain = Plain()
     text = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0], {}, "g")
     text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
     module.generated = text
@@ -211,6 +259,11 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
         module.cached.__wrapped__ = _hot_fix
     elif change == "callable instance's class":
         module.caller.__class__ = _Fixer
+    elif change == "an instance's class gains __call__":
+        Plain.__call__ = _hot_fix
+    elif change == "an instance's class gains a base":
+        Base.__call__ = _hot_fix
+        Plain.__bases__ = (Base,)
     else:
         text.__module__ = "__main__"  # text code outside the package: a patch
     found = _found()
