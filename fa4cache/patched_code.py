@@ -77,9 +77,9 @@ def _in_package(name: str) -> bool:
 
 def _functions(obj: Any, links: list[tuple[Any, str, Any]] | None = None) -> list[types.FunctionType]:
     """The Python functions ``obj`` runs as: itself and what it wraps, through ``__wrapped__``
-    (of a function or an ``lru_cache``), ``functools.partial`` and ``partialmethod``, bound,
-    static and class methods, properties, ``cached_property``, and the ``__call__`` of a
-    callable instance's class. ``links``: each link followed from an object that is not a
+    (of a function or an ``lru_cache``), ``functools.partial`` and ``partialmethod`` (and the
+    functions they pass), bound, static and class methods, properties, ``cached_property``,
+    and the ``__call__`` and ``__get__`` of an instance's class. ``links``: each link followed from an object that is not a
     function is appended as (object, attribute, target) (a function's ``__wrapped__`` is in
     :func:`_marks`). A function's attributes are read as the interpreter reads them (the
     ``dict`` methods, never a subclass's)."""
@@ -207,7 +207,8 @@ class _Walked:
     type_modules: list[Any]  # with their __module__ as walked (which of them are "defined here")
     classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
     own: tuple[str, ...]  # fa4cache's own folders when it was judged (_foreign reads them)
-    inert: tuple[type, ...]  # the types of the values that ran no code (_hooks_appeared)
+    judged: list[bool]  # per value: a class, or something that runs code (_runs_python)
+    inert: tuple[type, ...]  # the types of the others, each once (_hooks_appeared)
 
 
 _dict_of = operator.attrgetter("__dict__")
@@ -294,15 +295,6 @@ def _runs_python(obj: Any) -> bool:
     return isinstance(obj, _SIMPLE) or (not isinstance(obj, type) and bool(_class_hooks(type(obj))))
 
 
-def _inert_types(values: list[Any]) -> tuple[type, ...]:
-    """The types of the values that run no code (each once)."""
-    return tuple(
-        {
-            id(t): t for v in values if not isinstance(v, type) and not _runs_python(v) for t in (type(v),)
-        }.values()
-    )
-
-
 def _hooks_appeared(types_: tuple[type, ...]) -> bool:
     """Whether a type whose instances ran no code now gives them a Python hook."""
     return any(map(_class_hooks, types_))
@@ -376,7 +368,8 @@ def _walk(
         ]
     else:
         classes = []
-    inert = _inert_types(values)
+    judged = [isinstance(v, type) or _runs_python(v) for v in values]
+    inert = tuple({id(t): t for t in (type(v) for v, j in zip(values, judged) if not j)}.values())
     fns2, links2, _ = _traverse(values)
     stable = (
         len(fns2) == len(fns)
@@ -388,7 +381,9 @@ def _walk(
     )
     holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
     links_ = (holders, attrs, targets)
-    walked = _Walked(names, values, found, fns, marks, links_, classes_, type_modules, classes, own, inert)
+    walked = _Walked(
+        names, values, found, fns, marks, links_, classes_, type_modules, classes, own, judged, inert
+    )
     return walked, stable and not _hooks_appeared(inert)
 
 
@@ -511,7 +506,7 @@ class _Snapshot:
         """None where two records saw one class under two modules (it changed mid-walk)."""
         walked = [w for _, w in records]
         values = [v for w in walked for v in w.values]
-        judged = [i for i, v in enumerate(values) if isinstance(v, type) or _runs_python(v)]
+        judged = list(itertools.compress(range(len(values)), (j for w in walked for j in w.judged)))
         agree = True  # every record saw each class under one __module__
         fns: list[types.FunctionType] = []
         marks: list[list[Any]] = [[] for _ in range(5)]  # as _marks lays them out, per function
@@ -559,11 +554,6 @@ class _Snapshot:
             type_modules=[first[id(t)] for t in classes],
             found=found,
         )
-
-    def holds(self, imported: list[tuple[str, Any]]) -> bool:
-        """Whether the snapshot vouches for every checked module imported now."""
-        what, added = self.changed(imported)
-        return what is None and not added
 
     def changed(self, imported: list[tuple[str, Any]]) -> tuple[str | None, list[tuple[str, Any]]]:
         """What no longer holds (logged at debug level: each costs the first key a check record

@@ -103,6 +103,9 @@ def _listed(*args: Any, **kwargs: Any) -> Any:
 # Set by adapters/fa4/export_only.py on a kernel it compiled without the DSL's JIT engine: the
 # DSL's own compile of it, should the bytes published for it not load when it is called.
 RECOMPILE = "__fa4cache_recompile__"
+_EXPORT_ONLY_FIX = (
+    "set FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels on a GPU its device files do not show"
+)
 _LISTED = _listed  # what get() returns for a kernel a selector lists without compiling
 
 
@@ -343,10 +346,10 @@ class StoreCompileCache:
         if redo is not None:
             log.warning(
                 "fa4cache: a %s kernel compiled only to be exported is called, and its stored copy "
-                "cannot be loaded (%s): compiling it again with the DSL's JIT engine. Fix: set "
-                "FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels on a GPU its device files do not show.",
+                "cannot be loaded (%s): compiling it again with the DSL's JIT engine. Fix: %s.",
                 self.kind,
                 why,
+                _EXPORT_ONLY_FIX,
             )
             fn = redo()
             self.cache[key] = fn
@@ -354,8 +357,7 @@ class StoreCompileCache:
         raise RuntimeError(
             f"fa4cache: this {self.kind} kernel was compiled without the DSL's JIT engine, only to be "
             f"exported (no GPU was visible to this process when it was compiled), and its stored copy "
-            f"cannot be loaded ({why}). Fix: set FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels "
-            f"on a GPU its device files do not show."
+            f"cannot be loaded ({why}). Fix: {_EXPORT_ONLY_FIX}."
         )
 
 
@@ -393,7 +395,7 @@ def _remember_pending(cache: StoreCompileCache, key: Any) -> None:
     lst = getattr(_tl, "pending", None)
     if lst is None:
         lst = _tl.pending = []
-    if not any(c is cache and k == key for c, k in lst):
+    if not _pending_here(cache, key):
         lst.append((cache, key))
 
 
