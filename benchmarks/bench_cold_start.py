@@ -219,10 +219,11 @@ def step_procs(
     *,
     reuse: bool = False,
     apart: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], float, dict[str, Any] | None, list[dict[str, Any]]]:
     """``n`` cold processes on one store (fresh unless ``reuse``: the store ``tag`` left by an
     earlier run; ``apart``: a store each, so that they share the host's cores and nothing
-    else): their results, the wall from the common start to the last first step done, the
+    else; ``env``: more environment for each): their results, the wall from the common start to the last first step done, the
     store's stats (fa4cache), and the phases every process of the run recorded."""
     d = tmp / tag
     d.mkdir(exist_ok=reuse)
@@ -234,6 +235,7 @@ def step_procs(
         "PYTHONPATH": os.pathsep.join(x for x in (str(PHASES_DIR), os.environ.get("PYTHONPATH", "")) if x),
         **SHAPE_ENV,
     }  # fmt: skip
+    extra |= env or {}
     if mode == "fa4cache":
         extra |= {"FA4CACHE_DIR": str(d / "store"), "FA4CACHE_COMPILE_AHEAD": "1" if ahead else "0"}
     else:
@@ -423,19 +425,24 @@ def step_part(
     )
     sections.append(("Breakdown of the median cold first step (seconds)", table(BREAKDOWN_HEAD, brk)))
     sections.extend(timelines)
-    # A warm process: the same step on the store the cold runs left.
-    wruns: dict[str, list[float]] = {c[0]: [] for c in cases[:2]}
-    servers: dict[str, int] = {c[0]: 0 for c in cases[:2]}
+    # A warm process: the same step on the store the cold runs left; also with the run-time
+    # patch check off (FA4CACHE_PATCH_CHECK=0: the user's word that nothing is patched).
+    unchecked = "fa4cache, FA4CACHE_PATCH_CHECK=0"
+    warm_cases = [*cases[:2], (unchecked, "fa4cache", True)]
+    wruns: dict[str, list[float]] = {c[0]: [] for c in warm_cases}
+    servers: dict[str, int] = {c[0]: 0 for c in warm_cases}
     warm_fa4cache: list[dict[str, Any]] = []
-    for r, (label, mode, ahead) in alternating(cases[:2], args.rounds):
-        tag = runs[label][0]["tag"]
-        res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True)
+    for r, (label, mode, ahead) in alternating(warm_cases, args.rounds):
+        tag = runs["fa4cache" if label == unchecked else label][0]["tag"]
+        env = {"FA4CACHE_PATCH_CHECK": "0"} if label == unchecked else None
+        res, _, _, ph = step_procs(tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=True, env=env)
         wruns[label].append(res[0]["first_s"])
         servers[label] += sum(1 for p in ph if p["phase"] == "server_spawn")
-        if mode == "fa4cache":
+        if label == "fa4cache":
             warm_fa4cache.append({"result": res[0], "phases": ph})
         print(
-            f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}",
+            f"round {r} warm step {label}: {res[0]['first_s']:.3f} s, compiles {res[0]['compiles']}, "
+            f"phases recorded {len(ph)}, during the step {len(during_step(res[0], ph))}",
             flush=True,
         )
     wown = statistics.median(wruns[cases[0][0]])

@@ -86,7 +86,7 @@ if [[ $parts == *" releases "* ]]; then
     export FA4CACHE_DIR=/tmp/fa4cache-rel-$rel
     rm -rf "$FA4CACHE_DIR"
     [ "${RELEASE_TESTS:-1}" != 0 ] && (cd /tmp && timeout ${RELEASE_TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-       -o addopts="" -m gpu ${RELEASE_TESTS_K:+-k "$RELEASE_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" > "$res/gpu_release_$rel.log" 2>&1)
+       -o addopts="" -m gpu ${RELEASE_TESTS_K:+-k "$RELEASE_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" "$repo/tests/adapters/fa4/test_export_only_gpu.py" > "$res/gpu_release_$rel.log" 2>&1)
     [ -f "$res/gpu_release_$rel.log" ] && grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_release_$rel.log" | head -30 | tee -a "$out/run.log"
     # Two processes, one store: the second loads every kernel the first compiled.
     rm -rf "$FA4CACHE_DIR"
@@ -109,7 +109,7 @@ if has tests || has pytest; then
   # From another directory, so that the installed fa4cache (with fa4cache.adapters) is imported,
   # not the source folder.
   (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -c "$repo/pyproject.toml" \
-     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" > "$res/gpu_tests.log" 2>&1)
+     -o addopts="" -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} "$repo/tests/masks/test_masks_gpu.py" "$repo/tests/adapters/transformers/test_transformers_gpu.py" "$repo/tests/adapters/fa4/test_export_only_gpu.py" > "$res/gpu_tests.log" 2>&1)
   grep -E "^(FAILED|ERROR|E  )|passed|failed" "$res/gpu_tests.log" | head -60 | tee -a "$out/run.log"
 fi
 if has tests || has masks; then

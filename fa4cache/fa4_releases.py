@@ -44,6 +44,10 @@ class Coupling(str, enum.Enum):
     """The SM-count answer FA4's traces get where no GPU is present."""
     AUTOTUNE = "autotune"
     """FA4's forward autotuner compiling through the store and keeping its winners there."""
+    ENGINELESS_FORWARD = "engineless_forward"
+    """A forward kernel a GPU process compiles for the store skips the DSL's host JIT engine and
+    runs from the bytes it published: FA4's forward calls its kernel through its compile cache
+    (``_flash_attn_fwd.compile_cache[key](...)``), where fa4cache stands in for it."""
 
 
 @dataclass(frozen=True)

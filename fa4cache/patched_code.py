@@ -710,6 +710,10 @@ def found_once() -> tuple[str, ...]:
     with _lock:
         if _found is not None:
             return _found
+        if not _checking():
+            log.info("fa4cache: run-time patch check off (FA4CACHE_PATCH_CHECK=0): the installed files are trusted")
+            _found = ()
+            return _found
         try:
             found = tuple(runtime_patches())
         except Exception as e:  # never the kernel's trouble: its kernels stay in memory
@@ -734,7 +738,7 @@ def warm_up() -> None:
     still taken at the first key."""
     global _warming
     with _lock:
-        if _found is not None or _warming:
+        if _found is not None or _warming or not _checking():
             return  # the verdict is taken (a compile server takes it before it installs), or warming
         _warming = True
 
@@ -746,6 +750,12 @@ def warm_up() -> None:
             log.debug("fa4cache: patch check warm-up: %s", e)
 
     threading.Thread(target=run, name="fa4cache-patch-check", daemon=True).start()
+
+
+def _checking() -> bool:
+    from fa4cache.settings import setting
+
+    return bool(setting("FA4CACHE_PATCH_CHECK"))
 
 
 def _settled(timeout: float = 10.0) -> None:

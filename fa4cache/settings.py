@@ -258,12 +258,18 @@ SETTINGS: tuple[Setting, ...] = (
             "`worker_process_setup_hook` (`module.function`), run after fa4cache's", job=False),
     Setting("FA4CACHE_INTERVAL_MASKING", parse_flag, True, "`0`: built-in masks use FA4's per-score "
             "`mask_mod` path for partial tiles instead of per-row R2P masks (slower; for comparison)"),
-    Setting("FA4CACHE_EXPORT_ONLY", parse_flag, True, "`0`: a process that sees no GPU (a compile "
-            "server's children, `warm` on a CPU machine) builds the DSL's host JIT engine for kernels it "
-            "only exports to the store (by default it skips it: the same bytes, about 0.3 s less per kernel)"),
+    Setting("FA4CACHE_EXPORT_ONLY", parse_flag, True, "`0`: kernels compiled for the store keep the "
+            "DSL's host JIT engine (by default a process that sees no GPU skips it for the kernels it only "
+            "exports, and a GPU process for its forward, which then runs from the bytes it published: the "
+            "same bytes, about 0.3 s less per kernel)"),
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),
+    Setting("FA4CACHE_PATCH_CHECK", parse_flag, True, "`0`: no run-time patch check: the store trusts "
+            "that FA4's, the DSL's and QuACK's code is what their installed files say (about 30 ms less at a "
+            "process's first kernel on an H200 host); code replaced at run time (`module.fn = my_fix`) then "
+            "loads and stores kernels under the unpatched code's keys. `1` (default): such a process keeps "
+            "every kernel in memory ([store](store.md))"),
     Setting("FA4CACHE_VERIFY_HITS", parse_fraction, 0.0, "a fraction (`0.01`): that share of the kernels "
             "loaded from the store (disk or remote hits) is compiled again by a background compile worker "
             "and compared byte for byte; an entry that differs is quarantined, warned about and counted "

@@ -187,6 +187,21 @@ def test_found_once_checks_once_and_forget_checks_again(module: types.ModuleType
     assert [f for f in patched_code.found_once() if f.startswith(NAME)]
 
 
+def test_the_check_turned_off_trusts_the_files_and_walks_nothing(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module.call_mask_mod = _hot_fix
+    walks: list[bool] = []
+    real = patched_code.runtime_patches
+    monkeypatch.setattr(patched_code, "runtime_patches", lambda **kw: walks.append(True) or real(**kw))
+    monkeypatch.setenv("FA4CACHE_PATCH_CHECK", "0")
+    patched_code.forget()
+    assert patched_code.found_once() == () and walks == []  # the user's word: no walk, no finding
+    monkeypatch.setenv("FA4CACHE_PATCH_CHECK", "1")
+    patched_code.forget()
+    assert [f for f in patched_code.found_once() if f.startswith(NAME)] and walks == [True]
+
+
 CHANGES = [
     "assigned", "code replaced", "wrapped", "class method", "staticmethod re-initialised",
     "property re-initialised", "partial's state set", "a class becomes the module's", "text code's module",

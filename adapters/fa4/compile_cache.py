@@ -103,9 +103,7 @@ def _listed(*args: Any, **kwargs: Any) -> Any:
 # Set by adapters/fa4/export_only.py on a kernel it compiled without the DSL's JIT engine: the
 # DSL's own compile of it, should the bytes published for it not load when it is called.
 RECOMPILE = "__fa4cache_recompile__"
-_EXPORT_ONLY_FIX = (
-    "set FA4CACHE_EXPORT_ONLY=0 in a process that runs kernels on a GPU its device files do not show"
-)
+_EXPORT_ONLY_FIX = "set FA4CACHE_EXPORT_ONLY=0: kernels compiled for the store then keep the DSL's JIT engine"
 _LISTED = _listed  # what get() returns for a kernel a selector lists without compiling
 
 
@@ -355,9 +353,8 @@ class StoreCompileCache:
             self.cache[key] = fn
             return fn
         raise RuntimeError(
-            f"fa4cache: this {self.kind} kernel was compiled without the DSL's JIT engine, only to be "
-            f"exported (no GPU was visible to this process when it was compiled), and its stored copy "
-            f"cannot be loaded ({why}). Fix: {_EXPORT_ONLY_FIX}."
+            f"fa4cache: this {self.kind} kernel was compiled without the DSL's JIT engine, to run from "
+            f"its stored copy, and that copy cannot be loaded ({why}). Fix: {_EXPORT_ONLY_FIX}."
         )
 
 
@@ -384,6 +381,13 @@ class _LoadsWhenCalled:
 def store_miss_pending() -> bool:
     """Whether this thread is compiling a kernel for the store (a miss it answered "compile")."""
     return bool(getattr(_tl, "pending", None))
+
+
+def pending_kind() -> str | None:
+    """The store kind of the kernel this thread compiles for the store now (its latest pending
+    miss), or None."""
+    lst = getattr(_tl, "pending", None)
+    return lst[-1][0].kind if lst else None
 
 
 def _pending_here(cache: StoreCompileCache, key: Any) -> bool:

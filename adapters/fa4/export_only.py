@@ -1,25 +1,30 @@
-"""Kernels that are only exported: compiled without the DSL's host JIT engine.
+"""Kernels compiled for the store without the DSL's host JIT engine.
 
-Where no GPU is visible (a compile server's children, ``fa4cache warm`` on a CPU machine), no
-kernel can ever run: a kernel FA4 compiles through the store's miss path is exported to the
-store and that is all. The DSL still builds its host launcher twice over for it, an LLVM JIT
-engine and, for a TVM-FFI function, an object file and a JITLink engine: 0.28-0.34 s of a
-1.3-1.7 s compile on the CPU machine, on the critical path of a cold step whose backward a
-server child compiles. ``cute.compile(..., no_jit_engine=True)``, the DSL's own option for
-this, skips both; the object file fa4cache exports is the same, byte for byte
-(``tests/adapters/fa4/test_export_only.py``).
+The DSL builds a host launcher for each kernel it compiles, an LLVM JIT engine and, for a
+TVM-FFI function, an object file and a JITLink engine: 0.28-0.38 s of a compile, whether or not
+the kernel ever runs in that process. ``cute.compile(..., no_jit_engine=True)``, the DSL's own
+option, skips both; the object file fa4cache exports is the same, byte for byte
+(``tests/adapters/fa4/test_export_only.py``). Two kinds of compile take it:
+
+* where no GPU is visible (a compile server's children, ``fa4cache warm`` on a CPU machine),
+  every FA4 or QuACK kernel compiled for the store: nothing can run here, the kernel is
+  exported and that is all;
+* in a process with a GPU, a forward kernel compiled for the store (:data:`ENGINELESS_KINDS`,
+  where :attr:`~fa4cache.fa4_releases.Coupling.ENGINELESS_FORWARD` was verified): FA4's forward
+  calls its kernel through its compile cache, where fa4cache stands in for it with the bytes it
+  has just published, loaded at the first call (a warm process's load, milliseconds). A cold
+  step's own forward is on its critical path; its backward kernels are compiled by a server's
+  GPU-blind children meanwhile.
 
 :func:`enable` wraps the DSL's ``CompileCallable._compile`` so that the option is added only
-where all of these hold at the compile: this thread compiles a kernel for the store (a miss
-is pending, :func:`fa4cache.adapters.fa4.compile_cache.store_miss_pending`), the function
-compiled is FA4's or QuACK's (a host-only ``@cute.jit`` function of the user's keeps the
-engine it runs on), and the process still sees no GPU (device files, ``CUDA_VISIBLE_DEVICES``,
-torch's CUDA not started). Every other compile is the DSL's own. Should an engine-less kernel
-be called all the same (a GPU the device files did not show), the compile cache stands in for
-it with the published bytes, loaded at the first call, or where they do not load, with the
-DSL's own compile of it, done again
-(:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL
-releases it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
+where this thread compiles a kernel for the store (a miss is pending,
+:func:`fa4cache.adapters.fa4.compile_cache.store_miss_pending`), the function compiled is
+FA4's or QuACK's (a host-only ``@cute.jit`` function of the user's keeps the engine it runs on),
+and one of the two cases above holds at the compile. Every other compile is the DSL's own.
+Should an engine-less kernel be called where its bytes do not load (a publish that failed), the
+compile cache runs the DSL's own compile of it again, with one warning
+(:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL releases
+it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ VERIFIED_DSL = frozenset({"4.8.1"})
 _MARK = "__fa4cache_export_only__"
 # The code whose kernels fa4cache stores: a function compiled from anywhere else is the DSL's own.
 LIBRARIES = ("flash_attn.cute", "quack")
+# The store kinds whose FA4 entry point calls the kernel it compiled through its compile cache
+# on every release listing Coupling.ENGINELESS_FORWARD (4.0.0b40's backward calls its local
+# ``compiled_bwd``: an engine-less one would fail there).
+ENGINELESS_KINDS = frozenset({"fwd"})
 _lock = threading.Lock()
 
 
@@ -75,20 +84,29 @@ def _dsl_version() -> str | None:
 
 
 def enable() -> bool:
-    """Wrap the DSL's compile (idempotent); False where the DSL is not a verified release, a
-    GPU is visible here (a kernel may run), or the setting is off."""
+    """Wrap the DSL's compile (idempotent); False where the DSL is not a verified release, the
+    setting is off, or a GPU is visible here (a kernel may run) and the installed FA4 is not
+    one where its forward runs from its published bytes."""
     if not setting("FA4CACHE_EXPORT_ONLY"):
         return False
     version = _dsl_version()
     if version not in VERIFIED_DSL:
         log.debug("fa4cache: export-only compiles off: nvidia-cutlass-dsl %s is not verified", version)
         return False
-    if not gpu_blind():
-        # A kernel compiled here may run here. (Asked of the device files and
-        # CUDA_VISIBLE_DEVICES, not of CUDA: starting its driver here would break fork.)
+    from fa4cache import fa4_releases
+
+    # (GPU or not is asked of the device files and CUDA_VISIBLE_DEVICES, not of CUDA: starting
+    # its driver here would break fork.)
+    forward_here = fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD)
+    if not (forward_here or gpu_blind()):
         return False
     from cutlass.base_dsl.compiler import CompileCallable
-    from fa4cache.adapters.fa4.compile_cache import RECOMPILE, store_miss_pending
+    from fa4cache.adapters.fa4.compile_cache import RECOMPILE, pending_kind, store_miss_pending
+
+    def engineless(func: Any) -> bool:
+        if not (store_miss_pending() and library_kernel(func)):
+            return False
+        return gpu_blind() or (forward_here and pending_kind() in ENGINELESS_KINDS)
 
     with _lock:
         original = CompileCallable._compile
@@ -97,9 +115,7 @@ def enable() -> bool:
 
         @functools.wraps(original)
         def _compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            if "no_jit_engine" in kwargs or not (
-                store_miss_pending() and library_kernel(func) and gpu_blind()
-            ):
+            if "no_jit_engine" in kwargs or not engineless(func):
                 return original(self, func, *args, **kwargs)
             fn = original(self, func, *args, no_jit_engine=True, **kwargs)
             try:  # the way back to the DSL's own compile, should the stored bytes not load

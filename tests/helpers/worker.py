@@ -63,6 +63,12 @@ def main() -> None:
     import fa4cache
     from fa4cache.aot.spec import KernelSpec
 
+    if os.environ.get("WORKER_SEES_GPU") == "1":
+        # Compile as a process with a GPU does (its device files show none here): what runs
+        # here under fake tensors is the same, what it compiles engine-less is not.
+        from fa4cache.adapters.fa4 import export_only
+
+        export_only.gpu_blind = lambda: False
     store = fa4cache.install()
     if a.wait_file:
         while not os.path.exists(a.wait_file):
@@ -158,6 +164,16 @@ def main() -> None:
         # kernels in memory compiled without the DSL's JIT engine (adapters/fa4/export_only.py)
         engineless=sum(
             1 for p in patches for fn in p.cache.cache.values() if getattr(fn, "engine", 0) is None
+        ),
+        engineless_kinds=sorted(
+            p.cache.kind for p in patches for fn in p.cache.cache.values() if getattr(fn, "engine", 0) is None
+        ),
+        # engine-less kernels the cache stands in for with their published bytes
+        stand_ins=sorted(
+            p.cache.kind
+            for p in patches
+            for fn in p.cache.cache.values()
+            if type(fn).__name__ == "_LoadsWhenCalled"
         ),
     )
 

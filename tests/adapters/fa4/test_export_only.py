@@ -1,5 +1,6 @@
 """adapters/fa4/export_only.py: a GPU-blind process compiles the kernels it only exports
-without the DSL's JIT engine, and the store gets the same bytes as with it."""
+without the DSL's JIT engine, a GPU process its forward, and the store gets the same bytes as
+with it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,43 @@ def test_kernels_compiled_without_the_engine_export_the_same_bytes(
     with_engine, without = _objects(tmp_path / "cache"), _objects(doc_store["dir"])
     assert len(with_engine) == 4 and with_engine.keys() == without.keys()
     assert with_engine == without
+
+
+def test_a_gpu_process_compiles_only_its_forward_without_the_engine(
+    doc_store: dict[str, Any], tmp_path: Path
+) -> None:
+    # A process with a GPU (as far as export_only can tell): its forward runs from the bytes it
+    # publishes (FA4's forward calls it through the compile cache, where the stand-in is); its
+    # backward kernels keep the engine (4.0.0b40's backward calls its kernel directly).
+    r = run_worker(
+        tmp_path / "cache", "geometries", "--geometries", "1", "--seed", "7", PYTHONHASHSEED="1",
+        WORKER_SEES_GPU="1",
+    )  # fmt: skip
+    assert r["compiles"] == 4 and r["engineless_kinds"] == ["fwd"] and r["stand_ins"] == ["fwd"], r
+    assert _objects(tmp_path / "cache") == _objects(doc_store["dir"])
+
+
+def test_a_gpu_process_keeps_the_engine_where_the_forward_is_not_verified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fa4cache.adapters.fa4 import export_only
+
+    from fa4cache import fa4_releases
+
+    export_only.disable()
+    monkeypatch.setattr(export_only, "gpu_blind", lambda: False)
+    real_on = fa4_releases.on
+    try:
+        monkeypatch.setattr(
+            fa4_releases, "on", lambda c: c is not fa4_releases.Coupling.ENGINELESS_FORWARD and real_on(c)
+        )
+        assert not export_only.enable()  # a GPU, and an FA4 whose forward is not verified: the DSL's own
+        monkeypatch.setattr(fa4_releases, "on", real_on)
+        if not fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD):
+            pytest.skip("the installed FA4 is not a release verified for engine-less forwards")
+        assert export_only.enable()
+    finally:
+        export_only.disable()
 
 
 def test_only_fa4s_kernels_lose_the_engine_a_host_function_keeps_it() -> None:
