@@ -7,7 +7,8 @@ Heads, KV heads and head dim come from COLD_HEADS, COLD_KV_HEADS, COLD_D (defaul
 MODE: fa4cache (install(); FA4CACHE_COMPILE_AHEAD from the environment) or fa4own (FA4's own
 disk cache, set up by the parent). PATH: varlen (fa4cache.attention) or dense (FA4's
 flash_attn_func with the mask's kwargs). Waits for $WAIT_FILE after its imports, prints
-``READY`` before that and ``RESULT <json>`` at the end.
+``READY`` before that and ``RESULT <json>`` at the end. $COLD_PROFILE: cProfile the first
+step into that file.
 """
 
 from __future__ import annotations
@@ -91,7 +92,14 @@ def step() -> float:
 
 
 go_at = time.time()
-first = step()
+if os.environ.get("COLD_PROFILE"):  # where a step goes, function by function (cProfile stats)
+    import cProfile
+
+    prof = cProfile.Profile()
+    first = prof.runcall(step)
+    prof.dump_stats(os.environ["COLD_PROFILE"])
+else:
+    first = step()
 second = step()
 res = {
     "mode": mode, "path": path, "first_s": first, "second_s": second, "compiles": compiles["n"],
