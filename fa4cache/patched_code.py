@@ -711,7 +711,9 @@ def found_once() -> tuple[str, ...]:
         if _found is not None:
             return _found
         if not _checking():
-            log.info("fa4cache: run-time patch check off (FA4CACHE_PATCH_CHECK=0): the installed files are trusted")
+            log.info(
+                "fa4cache: run-time patch check off (FA4CACHE_PATCH_CHECK=0): the installed files are trusted"
+            )
             _found = ()
             return _found
         try:
