@@ -232,8 +232,7 @@ def uninstall() -> None:
         inst.fold_hits()
         inst.store.counters.flush()
         for p in reversed(inst.patches):
-            for key in list(p.cache._pending):
-                p.cache.release_pending(key)
+            p.cache.release_all_pending()
             original = p.original_cache
             # Keep what was compiled meanwhile: FA4's own cache gets the kernels back.
             target = getattr(original, "cache", original if isinstance(original, dict) else None)

@@ -710,12 +710,6 @@ def found_once() -> tuple[str, ...]:
     with _lock:
         if _found is not None:
             return _found
-        if not _checking():
-            log.info(
-                "fa4cache: run-time patch check off (FA4CACHE_PATCH_CHECK=0): the installed files are trusted"
-            )
-            _found = ()
-            return _found
         try:
             found = tuple(runtime_patches())
         except Exception as e:  # never the kernel's trouble: its kernels stay in memory
@@ -733,6 +727,26 @@ def found_once() -> tuple[str, ...]:
     return found
 
 
+_said_off = False
+
+
+def found_for_loads() -> tuple[str, ...]:
+    """What decides whether this process may *load* kernels from the store: :func:`found_once`,
+    or, with ``FA4CACHE_PATCH_CHECK=0``, nothing (the user's word that the installed files say
+    what runs: the first key waits for no check). A publish always asks :func:`found_once`, by
+    then off the step's path (after a compile of seconds): a patched process never stores a
+    kernel that other processes would load."""
+    global _said_off
+    if _checking():
+        return found_once()
+    if not _said_off:
+        _said_off = True
+        log.info(
+            "fa4cache: run-time patch check off for loads (FA4CACHE_PATCH_CHECK=0): the installed files are trusted"
+        )
+    return ()
+
+
 def warm_up() -> None:
     """Walk, in a background thread, the functions of the modules imported so far, so that the
     check at the first kernel's key, on a step's critical path, judges only what changed since
@@ -740,7 +754,7 @@ def warm_up() -> None:
     still taken at the first key."""
     global _warming
     with _lock:
-        if _found is not None or _warming or not _checking():
+        if _found is not None or _warming:
             return  # the verdict is taken (a compile server takes it before it installs), or warming
         _warming = True
 

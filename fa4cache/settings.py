@@ -265,11 +265,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),
-    Setting("FA4CACHE_PATCH_CHECK", parse_flag, True, "`0`: no run-time patch check: the store trusts "
-            "that FA4's, the DSL's and QuACK's code is what their installed files say (about 30 ms less at a "
-            "process's first kernel on an H200 host); code replaced at run time (`module.fn = my_fix`) then "
-            "loads and stores kernels under the unpatched code's keys. `1` (default): such a process keeps "
-            "every kernel in memory ([store](store.md))"),
+    Setting("FA4CACHE_PATCH_CHECK", parse_flag, True, "`0`: loads skip the run-time patch check: a "
+            "process's first kernel loads without waiting for it (about 20 ms on an H200 host), trusting that "
+            "FA4's, the DSL's and QuACK's code is what their installed files say; code replaced at run time "
+            "(`module.fn = my_fix`) then loads the unpatched code's kernels in that process. A publish still "
+            "takes the check, so a patched process never stores a kernel for others. `1` (default): a patched "
+            "process keeps every kernel in memory ([store](store.md))"),
     Setting("FA4CACHE_VERIFY_HITS", parse_fraction, 0.0, "a fraction (`0.01`): that share of the kernels "
             "loaded from the store (disk or remote hits) is compiled again by a background compile worker "
             "and compared byte for byte; an entry that differs is quarantined, warned about and counted "

@@ -536,6 +536,31 @@ def test_fa4_patched_at_run_time_is_compiled_in_memory(tmp_path: Path) -> None:
         assert err.count("replaced at run time") == 1, err[-3000:]
 
 
+def test_a_patched_process_with_the_check_off_for_loads_stores_nothing(tmp_path: Path) -> None:
+    # FA4CACHE_PATCH_CHECK=0 trusts the files for loads only: a patched process (variant B)
+    # with it off still takes the verdict before it publishes, keeps its kernel in memory, and
+    # a clean process on the same store then compiles its own (never B's).
+    cases = {
+        "fa4_patched_unchecked": {
+            "MAIN": (
+                _PATCHED_FA4.format(patch="pass"),
+                _PATCHED_FA4.format(patch="fa_mask.call_mask_mod = call_mask_mod"),
+            )
+        }
+    }
+    names = sorted(cases)
+    src, shared = tmp_path / "cases", tmp_path / "shared"
+    _write(src, cases, 1)
+    patched = _side_by_side(_start(src, shared, names, FA4CACHE_PATCH_CHECK="0"))[0]["fa4_patched_unchecked"]
+    assert (patched["compiles"], patched["disk_hits"]) == (0, 0) and patched["memory_only_compiles"] >= 1, (
+        patched
+    )
+    assert _entries(shared) == {}, "a patched process stored a kernel"
+    _write(src, cases, 0)
+    clean = _run(src, shared, names)["fa4_patched_unchecked"]
+    assert (clean["compiles"], clean["disk_hits"]) == (1, 0), clean
+
+
 _AHEAD_MASKS = """
 import os
 import sys

@@ -37,7 +37,7 @@ from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401 
 from fa4cache import warmth
 from fa4cache.hashing import encode_key, key_digest
 from fa4cache.identity import is_memory_only
-from fa4cache.patched_code import found_once
+from fa4cache.patched_code import found_for_loads, found_once
 from fa4cache.store import nearmiss
 from fa4cache.store.locks import release
 from fa4cache.store.paths import EntryRef
@@ -151,31 +151,38 @@ class StoreCompileCache:
         return self.cache[key]
 
     def __setitem__(self, key: Any, fn: Any) -> None:
-        self.cache[key] = fn
-        if self._kept_in_memory(key):
+        # An engine-less kernel (adapters/fa4/export_only.py, or a cross-compile) never sits in
+        # the cache itself: a thread that finds the key, even while it is being published,
+        # gets the stand-in, which runs the published bytes or the DSL's own compile again.
+        engineless = getattr(fn, "engine", 0) is None
+        redo = getattr(fn, RECOMPILE, None) is not None
+        if self._kept_in_memory(key, publishing=True):
+            # (Patched code found only now, where the check was off for loads: nothing stored.)
+            self.release_pending(key)
+            self.cache[key] = _LoadsWhenCalled(self, key, fn, None) if engineless and redo else fn
             self._inst.store.counters.add("memory_only_compiles")
-            if getattr(fn, "engine", 0) is None and getattr(fn, RECOMPILE, None) is not None:
-                self.cache[key] = _LoadsWhenCalled(self, key, fn, None)  # nothing stored: compiled again
             return
-        pending = self._pending.pop(key, None)
+        pending = self._pending.pop(_mine(key), None)
+        _forget_pending(self, key)
+        if engineless and (pending is not None or redo):
+            found = (None, pending.ref) if pending is not None else self._encoded(key)
+            self.cache[key] = _LoadsWhenCalled(self, key, fn, found[1] if found is not None else None)
+        else:
+            self.cache[key] = fn
         try:
             self._inst.publish(self, key, fn, pending)
         except Exception as e:
             fail_open.failed(Stage.STORE_WRITE, e, what=f"a {self.kind} kernel", store=self._inst.store)
         finally:
             if pending is not None:
-                _forget_pending(self, key)
                 release(pending.lock)
-        if getattr(fn, "engine", 0) is None and pending is not None:
-            # Compiled only to be exported (no DSL JIT engine: adapters/fa4/export_only.py, or
-            # a cross-compile): should it be called here after all, the published bytes run.
-            self.cache[key] = _LoadsWhenCalled(self, key, fn, pending.ref)
 
-    def _kept_in_memory(self, key: Any) -> bool:
+    def _kept_in_memory(self, key: Any, *, publishing: bool = False) -> bool:
         # Code of FA4, the DSL or QuACK replaced at run time (checked once, at the first key
         # not in memory): the installed files, which the toolchain id digests, no longer say
-        # what is compiled.
-        return is_memory_only(key) or key in self._unkeyed or bool(found_once())
+        # what is compiled. FA4CACHE_PATCH_CHECK=0 lets loads trust the files, never a publish.
+        patched = found_once() if publishing else found_for_loads()
+        return is_memory_only(key) or key in self._unkeyed or bool(patched)
 
     # -- dict conveniences ----------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
@@ -230,7 +237,7 @@ class StoreCompileCache:
 
     def _miss(self, key: Any, held: Any = None) -> bool:
         """``held``: the key's lock, already taken by the caller (a claimed kernel)."""
-        if key in self._pending and _pending_here(self, key):
+        if _mine(key) in self._pending and _pending_here(self, key):
             # This thread asked already and compiles it (FA4 asked twice before storing): the
             # key's lock is held, and one record of the pending miss is enough.
             release(held)
@@ -277,7 +284,7 @@ class StoreCompileCache:
             release(lock)
             raise
         warmth.note_compile(self.kind, encoded, names)
-        self._pending[key] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
+        self._pending[_mine(key)] = _Pending(ref=ref, encoded=encoded, lock=lock, started=time.perf_counter())
         _remember_pending(self, key)
         events.notify(MissEvent(MissStage.COMPILING, self.kind, key, ref))
         return False
@@ -322,10 +329,18 @@ class StoreCompileCache:
         return True
 
     def release_pending(self, key: Any) -> None:
-        pending = self._pending.pop(key, None)
-        _forget_pending(self, key)  # this thread compiles it no longer, stored or not
+        """This thread compiles ``key`` no longer (stored or not): its lock goes back."""
+        pending = self._pending.pop(_mine(key), None)
+        _forget_pending(self, key)
         if pending is not None:
             release(pending.lock)
+
+    def release_all_pending(self) -> None:
+        """Every thread's pending misses given up (uninstall): their locks go back."""
+        for mine in list(self._pending):
+            pending = self._pending.pop(mine, None)
+            if pending is not None:
+                release(pending.lock)
 
     def load_published(self, key: Any, ref: EntryRef | None, compiled: Any) -> Any:
         """What runs for ``compiled``, a kernel compiled without the DSL's JIT engine that is
@@ -378,6 +393,12 @@ class _LoadsWhenCalled:
         return getattr(fn, name)
 
 
+def _mine(key: Any) -> tuple[int, Any]:
+    """A pending miss's record is this thread's own: where the store gives threads no lock
+    between them (read-only, lock timeout), two threads may compile one key at once."""
+    return threading.get_ident(), key
+
+
 def store_miss_pending() -> bool:
     """Whether this thread is compiling a kernel for the store (a miss it answered "compile")."""
     return bool(getattr(_tl, "pending", None))
@@ -385,9 +406,12 @@ def store_miss_pending() -> bool:
 
 def pending_kind() -> str | None:
     """The store kind of the kernel this thread compiles for the store now (its latest pending
-    miss), or None."""
+    miss), or None where the store cannot take it (read-only: nothing would be published)."""
     lst = getattr(_tl, "pending", None)
-    return lst[-1][0].kind if lst else None
+    if not lst:
+        return None
+    cache = lst[-1][0]
+    return cache.kind if getattr(cache._inst.store, "writable", False) else None
 
 
 def _pending_here(cache: StoreCompileCache, key: Any) -> bool:

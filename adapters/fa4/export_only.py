@@ -9,8 +9,9 @@ option, skips both; the object file fa4cache exports is the same, byte for byte
 * where no GPU is visible (a compile server's children, ``fa4cache warm`` on a CPU machine),
   every FA4 or QuACK kernel compiled for the store: nothing can run here, the kernel is
   exported and that is all;
-* in a process with a GPU, a forward kernel compiled for the store (:data:`ENGINELESS_KINDS`,
-  where :attr:`~fa4cache.fa4_releases.Coupling.ENGINELESS_FORWARD` was verified): FA4's forward
+* in a process with a GPU, a forward kernel compiled for a store that can take it
+  (:data:`ENGINELESS_KINDS`; a writable store, where
+  :attr:`~fa4cache.fa4_releases.Coupling.ENGINELESS_FORWARD` was verified): FA4's forward
   calls its kernel through its compile cache, where fa4cache stands in for it with the bytes it
   has just published, loaded at the first call (a warm process's load, milliseconds). A cold
   step's own forward is on its critical path; its backward kernels are compiled by a server's
@@ -21,8 +22,9 @@ where this thread compiles a kernel for the store (a miss is pending,
 :func:`fa4cache.adapters.fa4.compile_cache.store_miss_pending`), the function compiled is
 FA4's or QuACK's (a host-only ``@cute.jit`` function of the user's keeps the engine it runs on),
 and one of the two cases above holds at the compile. Every other compile is the DSL's own.
-Should an engine-less kernel be called where its bytes do not load (a publish that failed), the
-compile cache runs the DSL's own compile of it again, with one warning
+The cache never holds the engine-less kernel itself, even while it is being published (another
+thread may find the key then). Should it be called where its bytes do not load (a publish
+that failed), the compile cache runs the DSL's own compile of it again, with a warning
 (:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL releases
 it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
 """

@@ -114,3 +114,81 @@ def test_an_engineless_kernel_kept_in_memory_is_compiled_again_when_called(tmp_p
     setattr(fn, RECOMPILE, lambda: FakeCompiled(9))
     cache[9] = fn
     assert cache[9](1) == 10 and type(cache.cache[9]) is FakeCompiled
+
+
+def test_two_threads_compiling_one_key_without_a_lock_each_leave_a_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No lock between the threads (a lock timeout, an unusable lock file): both miss the key,
+    # both compile it engine-less and store it. Each store leaves the stand-in (never the
+    # engine-less kernel) and no pending record in its thread.
+    store = Store(cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(store.locks, "acquire", lambda digest, timeout=None: None)
+    cache = StoreCompileCache("fwd", installation(store))
+    both_missed = threading.Barrier(2)
+
+    def compile_it() -> bool:
+        assert 3 not in cache
+        both_missed.wait(10)
+        fn = Engineless(3)
+        setattr(fn, RECOMPILE, lambda: FakeCompiled(3))
+        cache[3] = fn
+        return store_miss_pending()
+
+    threads = [threading.Thread(target=lambda: left.append(compile_it())) for _ in range(2)]
+    left: list[bool] = []
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert left == [False, False] and cache._pending == {}
+    assert cache[3](1) == 4  # the published bytes run
+
+
+def test_a_thread_that_finds_the_key_while_it_is_published_gets_the_stand_in(tmp_path: Path) -> None:
+    store = Store(cache_dir=tmp_path / "cache")
+    inst = installation(store)
+    exporting, go_on = threading.Event(), threading.Event()
+    export = inst.exporter
+
+    def slow_export(fn: Any, path: Path) -> Any:
+        exporting.set()
+        go_on.wait(10)
+        return export(fn, path)
+
+    inst.exporter = slow_export
+    cache = StoreCompileCache("fwd", inst)
+
+    def compile_it() -> None:
+        assert 4 not in cache
+        fn = Engineless(4)
+        setattr(fn, RECOMPILE, lambda: FakeCompiled(4))
+        cache[4] = fn
+
+    t = threading.Thread(target=compile_it)
+    t.start()
+    try:
+        assert exporting.wait(10)
+        assert 4 in cache and cache[4](1) == 5  # during the publish: runs (compiled again), never fails
+    finally:
+        go_on.set()
+        t.join(20)
+
+
+def test_a_read_only_store_compiles_with_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing would be published, so a kernel compiled engine-less would be compiled twice.
+    from fa4cache.adapters.fa4.compile_cache import pending_kind
+
+    store = Store(cache_dir=tmp_path / "cache")
+    cache = StoreCompileCache("fwd", installation(store))
+
+    def kind_while_pending() -> Any:
+        assert 6 not in cache
+        try:
+            return pending_kind()
+        finally:
+            cache.release_pending(6)
+
+    assert _in_thread(kind_while_pending) == "fwd"
+    monkeypatch.setattr(store, "writable", False)
+    assert _in_thread(kind_while_pending) is None
