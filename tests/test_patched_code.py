@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os.path
 import sys
+import threading
 import types
 from collections.abc import Iterator
 
@@ -22,6 +23,11 @@ NAME = "flash_attn.cute._fa4cache_probe"
 
 @pytest.fixture
 def module() -> Iterator[types.ModuleType]:
+    # A warm-up walk that an earlier test's FA4 import started in this worker would take its
+    # own snapshot midway through a test here: let it finish first.
+    for t in threading.enumerate():
+        if t.name == "fa4cache-patch-check":
+            t.join(60)
     mod = types.ModuleType(NAME)
     mod.join = os.path.join  # imported from the standard library: not a patch
     mod.forget = patched_code.forget  # fa4cache's own code: allowed
