@@ -720,8 +720,11 @@ def found_once() -> tuple[str, ...]:
         log.warning(
             "fa4cache: code of FA4, the CUTLASS DSL or QuACK was replaced at run time (%s): its kernels would "
             "differ from what the installed files say, so every kernel of this process is compiled in memory "
-            "only, never stored or loaded. Fix: %s.",
+            "only, never stored or loaded%s. Fix: %s.",
             shown,
+            ""
+            if _checking()
+            else " from now on (FA4CACHE_PATCH_CHECK=0: what it loaded before trusted the files)",
             FIX,
         )
     return found
@@ -737,7 +740,7 @@ def found_for_loads() -> tuple[str, ...]:
     then off the step's path (after a compile of seconds): a patched process never stores a
     kernel that other processes would load."""
     global _said_off
-    if _checking():
+    if _checking() or _found is not None:  # (a verdict taken for a publish counts for loads too)
         return found_once()
     if not _said_off:
         _said_off = True
@@ -754,8 +757,10 @@ def warm_up() -> None:
     still taken at the first key."""
     global _warming
     with _lock:
-        if _found is not None or _warming:
-            return  # the verdict is taken (a compile server takes it before it installs), or warming
+        if _found is not None or _warming or not _checking():
+            # the verdict is taken (a compile server takes it before it installs), or warming,
+            # or loads skip it (FA4CACHE_PATCH_CHECK=0: only a publish walks, after a compile)
+            return
         _warming = True
 
     def run() -> None:

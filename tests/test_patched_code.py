@@ -204,6 +204,7 @@ def test_the_check_off_trusts_the_files_for_loads_never_for_a_publish(
     patched_code.forget()
     assert patched_code.found_for_loads() == () and walks == []  # the first key waits for no walk
     assert [f for f in patched_code.found_once() if f.startswith(NAME)] and walks == [True]  # a publish
+    assert [f for f in patched_code.found_for_loads() if f.startswith(NAME)]  # and loads stop from then on
     monkeypatch.setenv("FA4CACHE_PATCH_CHECK", "1")
     assert [f for f in patched_code.found_for_loads() if f.startswith(NAME)]
 

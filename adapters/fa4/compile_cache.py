@@ -167,6 +167,9 @@ class StoreCompileCache:
         if engineless and (pending is not None or redo):
             found = (None, pending.ref) if pending is not None else self._encoded(key)
             self.cache[key] = _LoadsWhenCalled(self, key, fn, found[1] if found is not None else None)
+            if found is None:  # a key with no encoding (said once, by _encoded): memory only
+                self._inst.store.counters.add("memory_only_compiles")
+                return
         else:
             self.cache[key] = fn
         try:
@@ -411,7 +414,11 @@ def pending_kind() -> str | None:
     if not lst:
         return None
     cache = lst[-1][0]
-    return cache.kind if getattr(cache._inst.store, "writable", False) else None
+    # (A patched process keeps its kernels in memory: nothing of it would be published. Asked
+    # before a compile of seconds; with FA4CACHE_PATCH_CHECK=0 this is where the walk runs.)
+    if not getattr(cache._inst.store, "writable", False) or found_once():
+        return None
+    return cache.kind
 
 
 def _pending_here(cache: StoreCompileCache, key: Any) -> bool:

@@ -175,7 +175,9 @@ def test_a_thread_that_finds_the_key_while_it_is_published_gets_the_stand_in(tmp
         t.join(20)
 
 
-def test_a_read_only_store_compiles_with_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_store_or_a_patched_process_compiles_with_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Nothing would be published, so a kernel compiled engine-less would be compiled twice.
     from fa4cache.adapters.fa4.compile_cache import pending_kind
 
@@ -190,5 +192,10 @@ def test_a_read_only_store_compiles_with_the_engine(tmp_path: Path, monkeypatch:
             cache.release_pending(6)
 
     assert _in_thread(kind_while_pending) == "fwd"
+    from fa4cache.adapters.fa4 import compile_cache
+
+    with monkeypatch.context() as m:  # a patched process: its kernels stay in memory, never published
+        m.setattr(compile_cache, "found_once", lambda: ("flash_attn.cute.mask.call_mask_mod (x.py)",))
+        assert _in_thread(kind_while_pending) is None
     monkeypatch.setattr(store, "writable", False)
     assert _in_thread(kind_while_pending) is None
