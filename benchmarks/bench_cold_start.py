@@ -10,7 +10,7 @@ CPU (2 cores here; no GPU):
 
 GPU (the H200 host, 16 cores; issue 53):
 
-    python benchmarks/bench_cold_start.py --gpu [--parts step,procs,model,contention,imports,fork]
+    python benchmarks/bench_cold_start.py --gpu [--parts step,procs,model,profile,contention,imports,fork]
 
   * step: one cold process's first step (T=6144, GQA 12/4, d=64, document mask, fwd+bwd through
     fa4cache.attention), FA4's own disk cache against fa4cache, alternating, median of
@@ -23,6 +23,8 @@ GPU (the H200 host, 16 cores; issue 53):
   * fork: the step's backward compiled in process (after the forward, and as the process's
     first trace), in one forked child alone, and in forked children at once (warm -j 1 / 2 / 4),
     alternating: where a child's compile loses time (also on the CPU: --cpu --parts fork);
+  * profile: one process of each case (cold, the floor, warm) under cProfile, its top
+    functions and raw stats (results/profiles/): where a step's time goes, function by function;
   * contention: K = 1, 2, 4 processes each compiling alone on its own store (the host's share);
   * imports: seconds to import torch and FA4 in a fresh process.
   Writes $OUT/cold_start_h200.{md,json} (OUT defaults to benchmarks/results).
@@ -477,6 +479,57 @@ def step_part(
     data["warm step"] = {"runs": wruns, "servers": servers}
 
 
+def profile_part(
+    tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
+) -> None:
+    """Where a first step's time goes, function by function: one process of each case under
+    cProfile (``$COLD_PROFILE``; its overhead inflates every time, so no ratio is taken from
+    it): cold (fa4cache, FA4's own), the floor (only the forward missing), warm (fa4cache, with
+    and without the patch check, FA4's own). Each profile's top functions by cumulative time
+    go in the results, and the raw stats beside them (``profiles/``)."""
+    import io
+    import pstats
+
+    out = Path(os.environ.get("FA4CACHE_RESULTS", HERE / "results")) / "profiles"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def run(
+        label: str, mode: str, ahead: bool, tag: str, reuse: bool, env: dict[str, str] | None = None
+    ) -> None:
+        prof = out / f"{tag}.prof"
+        res, _, _, ph = step_procs(
+            tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=reuse,
+            env={**(env or {}), "COLD_PROFILE": str(prof)},
+        )  # fmt: skip
+        buf = io.StringIO()
+        pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(45)
+        text = "\n".join(ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip())
+        sections.append(
+            (f"Profile: {label} (first step {res[0]['first_s']:.3f} s under cProfile)", f"```\n{text}\n```")
+        )
+        sections.append((f"Every phase: {label}", process_timeline(res[0], ph)))
+        data.setdefault("profiles", {})[label] = res[0]["first_s"]
+        print(f"profile {label}: {res[0]['first_s']:.3f} s", flush=True)
+
+    run("cold, FA4's own", "fa4own", False, "prof-own", False)
+    run("cold, fa4cache", "fa4cache", True, "prof-fa4cache", False)
+    (tmp / "prof-floor").mkdir()
+    shutil.copytree(tmp / "prof-fa4cache" / "store", tmp / "prof-floor" / "store")
+    for f in (tmp / "prof-floor" / "store").glob("v2/*/fwd/*"):
+        f.unlink()
+    run("the floor (only the forward missing)", "fa4cache", False, "prof-floor", True)
+    run("warm, FA4's own", "fa4own", False, "prof-own", True)
+    run("warm, fa4cache", "fa4cache", True, "prof-fa4cache", True)
+    run(
+        "warm, fa4cache, FA4CACHE_PATCH_CHECK=0",
+        "fa4cache",
+        True,
+        "prof-fa4cache",
+        True,
+        {"FA4CACHE_PATCH_CHECK": "0"},
+    )
+
+
 def procs_part(
     tmp: Path, args: argparse.Namespace, sections: list[tuple[str, str]], data: dict[str, Any]
 ) -> None:
@@ -734,6 +787,9 @@ def gpu(args: argparse.Namespace) -> None:
         if "step" in parts:
             step_part(tmp, args, sections, data)
             save("cold_start_h200", TITLE, sections, data)  # what a timeout leaves is still written
+        if "profile" in parts:
+            profile_part(tmp, args, sections, data)
+            save("cold_start_h200", TITLE, sections, data)
         if "procs" in parts:
             procs_part(tmp, args, sections, data)
             save("cold_start_h200", TITLE, sections, data)

@@ -302,7 +302,7 @@ def load_problem(recorded: dict[str, object] | None) -> str | None:
     if not recorded:
         return None
     theirs = recorded.get("tvm_ffi_abi")
-    mine = _abi(_version("apache-tvm-ffi"))
+    mine = dict(runtime_facts())["tvm_ffi_abi"]  # (read once: a package's metadata, a ms per load)
     if isinstance(theirs, str) and theirs != mine:
         return (
             f"tvm-ffi ABI {mine} here, {theirs} in the entry (its object imports tvm-ffi's symbols): "

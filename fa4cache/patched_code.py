@@ -607,11 +607,8 @@ class _Snapshot:
         runs Python."""
         if _same(map(type, values), self.value_types):
             return True
-        return not any(
-            isinstance(v, type) or _runs_python(v)
-            for v, t in zip(values, self.value_types)
-            if type(v) is not t
-        )
+        moved = map(operator.is_not, map(type, values), self.value_types)  # (picked in C, then judged)
+        return not any(isinstance(v, type) or _runs_python(v) for v in itertools.compress(values, moved))
 
 
 _snapshot: _Snapshot | None = None

@@ -27,10 +27,14 @@ thread may find the key then). Should it be called where its bytes do not load (
 that failed), the compile cache runs the DSL's own compile of it again, with a warning
 (:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL releases
 it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
+
+The same wrapper runs every compile for the store, engine-less or not, with the process's older
+objects frozen (:mod:`fa4cache.adapters.fa4.frozen_heap`, ``FA4CACHE_GC_FREEZE``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -86,29 +90,30 @@ def _dsl_version() -> str | None:
 
 
 def enable() -> bool:
-    """Wrap the DSL's compile (idempotent); False where the DSL is not a verified release, the
-    setting is off, or a GPU is visible here (a kernel may run) and the installed FA4 is not
-    one where its forward runs from its published bytes."""
-    if not setting("FA4CACHE_EXPORT_ONLY"):
+    """Wrap the DSL's compile (idempotent); False where the DSL is not a verified release, or
+    nothing applies here: no heap freeze (``FA4CACHE_GC_FREEZE=0``), and no export-only compile
+    (the setting off, or a GPU visible here, where a kernel may run, and an installed FA4 whose
+    forward is not verified to run from its published bytes)."""
+    export, freeze = setting("FA4CACHE_EXPORT_ONLY"), setting("FA4CACHE_GC_FREEZE")
+    if not (export or freeze):
         return False
     version = _dsl_version()
     if version not in VERIFIED_DSL:
-        log.debug("fa4cache: export-only compiles off: nvidia-cutlass-dsl %s is not verified", version)
+        log.debug("fa4cache: store compiles wrapped: off: nvidia-cutlass-dsl %s is not verified", version)
         return False
     from fa4cache import fa4_releases
 
     # (GPU or not is asked of the device files and CUDA_VISIBLE_DEVICES, not of CUDA: starting
     # its driver here would break fork.)
-    forward_here = fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD)
-    if not (forward_here or gpu_blind()):
+    forward_here = export and fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD)
+    if not (forward_here or freeze or (export and gpu_blind())):
         return False
     from cutlass.base_dsl.compiler import CompileCallable
+    from fa4cache.adapters.fa4 import frozen_heap
     from fa4cache.adapters.fa4.compile_cache import RECOMPILE, pending_kind, store_miss_pending
 
-    def engineless(func: Any) -> bool:
-        if not (store_miss_pending() and library_kernel(func)):
-            return False
-        return gpu_blind() or (forward_here and pending_kind() in ENGINELESS_KINDS)
+    def engineless() -> bool:
+        return export and (gpu_blind() or (forward_here and pending_kind() in ENGINELESS_KINDS))
 
     with _lock:
         original = CompileCallable._compile
@@ -117,9 +122,12 @@ def enable() -> bool:
 
         @functools.wraps(original)
         def _compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            if "no_jit_engine" in kwargs or not engineless(func):
-                return original(self, func, *args, **kwargs)
-            fn = original(self, func, *args, no_jit_engine=True, **kwargs)
+            if "no_jit_engine" in kwargs or not (store_miss_pending() and library_kernel(func)):
+                return original(self, func, *args, **kwargs)  # not a kernel for the store
+            with frozen_heap.frozen() if freeze else contextlib.nullcontext():
+                if not engineless():
+                    return original(self, func, *args, **kwargs)
+                fn = original(self, func, *args, no_jit_engine=True, **kwargs)
             try:  # the way back to the DSL's own compile, should the stored bytes not load
                 setattr(fn, RECOMPILE, lambda: original(self, func, *args, **kwargs))
             except (AttributeError, TypeError):

@@ -9,7 +9,9 @@ start to FA4 imported), ``lookup`` (fa4cache's key and store lookup for one FA4 
 Python into MLIR), ``codegen`` (the MLIR pass pipeline, ptxas included), ``publish`` (export and
 store write); for a step's timeline also ``load`` (a store entry read and loaded), ``lock_wait``
 (a key's lock taken, waiting for its holder), ``export``, ``plan`` (a kernel set listed),
-``patch_check`` (the run-time patch walk) and ``task`` (a compile server's child running its
+``patch_check`` (the run-time patch walk), ``dsl_prepare``, ``arch_check`` and ``preprocess``
+(the DSL's steps before a trace, and its AST rewrite of each function at its first call),
+``gc_full`` (a full garbage collection: the whole process waits) and ``task`` (a compile server's child running its
 task). The modules are wrapped as they are imported, so importing this costs nothing.
 """
 
@@ -49,7 +51,13 @@ def _timed(fn, phase):
 
 
 _WRAP = {
-    "cutlass.base_dsl.dsl": [("BaseDSL", "generate_original_ir", "trace")],
+    "cutlass.base_dsl.dsl": [
+        ("BaseDSL", "generate_original_ir", "trace"),
+        # before the trace: the arguments canonicalised, the target arch checked
+        ("BaseDSL", "_prepare_compilation", "dsl_prepare"),
+        ("BaseDSL", "_is_supported_arch", "arch_check"),
+        ("BaseDSL", "run_preprocessor", "preprocess"),  # a @cute.jit function's AST rewrite
+    ],
     "cutlass.base_dsl.compiler": [("Compiler", "compile", "codegen")],
     "cutlass.cute": [(None, "compile", "compile")],
     # a compile server spawned (in the step process)
@@ -109,5 +117,21 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+_gc_start: list[float] = []
+
+
+def _gc_phase(when: str, info: dict) -> None:
+    """A full collection (generation 2) as a phase: its pause is the process's, whatever ran."""
+    if info.get("generation") != 2:
+        return
+    if when == "start":
+        _gc_start[:] = [time.time()]
+    elif _gc_start:
+        _record("gc_full", _gc_start[0], time.time(), collected=info.get("collected", 0))
+
+
 if _PATH:
+    import gc
+
     sys.meta_path.insert(0, _Finder())
+    gc.callbacks.append(_gc_phase)

@@ -73,6 +73,21 @@ def main() -> None:
     if a.wait_file:
         while not os.path.exists(a.wait_file):
             time.sleep(0.01)
+    frozen_traces: list[bool] = []
+    if os.environ.get("WORKER_WATCH_FREEZE") == "1":
+        # Whether the heap was frozen while the DSL traced each kernel (adapters/fa4/frozen_heap.py).
+        import gc
+
+        from cutlass.base_dsl.dsl import BaseDSL
+
+        real_trace = BaseDSL.generate_original_ir
+
+        def watched_trace(*args: object, **kwargs: object) -> object:
+            frozen_traces.append(gc.get_freeze_count() > 0)
+            return real_trace(*args, **kwargs)
+
+        watched_trace.__fa4cache_codegen_neutral__ = True  # type: ignore[attr-defined]  (it looks, then traces)
+        BaseDSL.generate_original_ir = watched_trace  # type: ignore[method-assign]
     t0 = time.perf_counter()
     if a.compile_delay:
         import cutlass.cute as cute
@@ -149,9 +164,13 @@ def main() -> None:
 
     tc = runtime.current_toolchain()
     patches = __import__("fa4cache.adapters.patch", fromlist=["x"])._installed.patches
+    import gc
+
     _result(
         pid=os.getpid(),
         seconds=seconds,
+        frozen_traces=frozen_traces,
+        frozen_after=gc.get_freeze_count(),
         toolchain=tc.id if tc else None,
         codegen_patches=sorted(tc.describe()["patches"]) if tc else [],
         compiles=int(c["compiles"]),
