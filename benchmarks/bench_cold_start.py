@@ -496,7 +496,7 @@ def profile_part(
     def run(
         label: str, mode: str, ahead: bool, tag: str, reuse: bool, env: dict[str, str] | None = None
     ) -> None:
-        prof = out / f"{tag}.prof"
+        prof = out / f"{tag}-{'warm' if reuse and tag != 'prof-floor' else 'cold'}-{len(sections)}.prof"
         res, _, _, ph = step_procs(
             tmp, 1, mode, "varlen", args.seqlen, ahead, tag, reuse=reuse,
             env={**(env or {}), "COLD_PROFILE": str(prof)},
