@@ -124,10 +124,16 @@ def _gc_phase(when: str, info: dict) -> None:
     """A full collection (generation 2) as a phase: its pause is the process's, whatever ran."""
     if info.get("generation") != 2:
         return
+    import gc
+
     if when == "start":
-        _gc_start[:] = [time.time()]
+        _gc_start[:] = [time.time(), gc.get_freeze_count(), gc.get_count()]
     elif _gc_start:
-        _record("gc_full", _gc_start[0], time.time(), collected=info.get("collected", 0))
+        start, frozen, counts = _gc_start
+        _record(
+            "gc_full", start, time.time(), collected=info.get("collected", 0), frozen=frozen,
+            counts=list(counts), callbacks=[getattr(c, "__qualname__", repr(c)) for c in gc.callbacks],
+        )  # fmt: skip
 
 
 if _PATH:
