@@ -262,10 +262,9 @@ SETTINGS: tuple[Setting, ...] = (
             "DSL's host JIT engine (by default a process that sees no GPU skips it for the kernels it only "
             "exports, and a GPU process for its forward, which then runs from the bytes it published: the "
             "same bytes, about 0.3 s less per kernel)"),
-    Setting("FA4CACHE_GC_FREEZE", parse_flag, True, "`0`: a kernel compiled for the store runs with the "
-            "garbage collector as it is (by default the objects the process held before the compile are "
-            "frozen for its length, `gc.freeze()`: a full collection during the DSL's trace would walk the "
-            "whole heap, 0.1-0.2 s a time; everything is unfrozen after)"),
+    Setting("FA4CACHE_GC_DEFER", parse_flag, True, "`0`: a kernel compiled for the store runs with the "
+            "garbage collector as it is (by default no full collection starts during the compile, young ones "
+            "go on: a full one walks the whole heap, 0.2 s a time on an H100 host; it runs after)"),
     Setting("FA4CACHE_COMPILE_AHEAD", parse_flag, True, "`0`: no background compiles (a forward miss "
             "starts its backward kernels in CPU worker processes; a transformers model starts its "
             "kernel set at load)"),

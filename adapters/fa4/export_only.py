@@ -28,8 +28,8 @@ that failed), the compile cache runs the DSL's own compile of it again, with a w
 (:class:`~fa4cache.adapters.fa4.compile_cache.StoreCompileCache`). On only for the DSL releases
 it was checked on (:data:`VERIFIED_DSL`); ``FA4CACHE_EXPORT_ONLY=0`` turns it off.
 
-The same wrapper runs every compile for the store, engine-less or not, with the process's older
-objects frozen (:mod:`fa4cache.adapters.fa4.frozen_heap`, ``FA4CACHE_GC_FREEZE``).
+The same wrapper runs every compile for the store, engine-less or not, with full garbage
+collections deferred until it ends (:mod:`fa4cache.adapters.fa4.gc_deferred`, ``FA4CACHE_GC_DEFER``).
 """
 
 from __future__ import annotations
@@ -91,11 +91,11 @@ def _dsl_version() -> str | None:
 
 def enable() -> bool:
     """Wrap the DSL's compile (idempotent); False where the DSL is not a verified release, or
-    nothing applies here: no heap freeze (``FA4CACHE_GC_FREEZE=0``), and no export-only compile
+    nothing applies here: no deferral of full collections (``FA4CACHE_GC_DEFER=0``), and no export-only compile
     (the setting off, or a GPU visible here, where a kernel may run, and an installed FA4 whose
     forward is not verified to run from its published bytes)."""
-    export, freeze = setting("FA4CACHE_EXPORT_ONLY"), setting("FA4CACHE_GC_FREEZE")
-    if not (export or freeze):
+    export, defer = setting("FA4CACHE_EXPORT_ONLY"), setting("FA4CACHE_GC_DEFER")
+    if not (export or defer):
         return False
     version = _dsl_version()
     if version not in VERIFIED_DSL:
@@ -106,10 +106,10 @@ def enable() -> bool:
     # (GPU or not is asked of the device files and CUDA_VISIBLE_DEVICES, not of CUDA: starting
     # its driver here would break fork.)
     forward_here = export and fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD)
-    if not (forward_here or freeze or (export and gpu_blind())):
+    if not (forward_here or defer or (export and gpu_blind())):
         return False
     from cutlass.base_dsl.compiler import CompileCallable
-    from fa4cache.adapters.fa4 import frozen_heap
+    from fa4cache.adapters.fa4 import gc_deferred
     from fa4cache.adapters.fa4.compile_cache import RECOMPILE, pending_kind, store_miss_pending
 
     def engineless() -> bool:
@@ -124,7 +124,7 @@ def enable() -> bool:
         def _compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
             if "no_jit_engine" in kwargs or not (store_miss_pending() and library_kernel(func)):
                 return original(self, func, *args, **kwargs)  # not a kernel for the store
-            with frozen_heap.frozen() if freeze else contextlib.nullcontext():
+            with gc_deferred.deferred() if defer else contextlib.nullcontext():
                 if not engineless():
                     return original(self, func, *args, **kwargs)
                 fn = original(self, func, *args, no_jit_engine=True, **kwargs)

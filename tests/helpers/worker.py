@@ -73,9 +73,10 @@ def main() -> None:
     if a.wait_file:
         while not os.path.exists(a.wait_file):
             time.sleep(0.01)
-    frozen_traces: list[bool] = []
-    if os.environ.get("WORKER_WATCH_FREEZE") == "1":
-        # Whether the heap was frozen while the DSL traced each kernel (adapters/fa4/frozen_heap.py).
+    deferred_traces: list[bool] = []
+    if os.environ.get("WORKER_WATCH_GC") == "1":
+        # Whether full collections were deferred while the DSL traced each kernel
+        # (adapters/fa4/gc_deferred.py).
         import gc
 
         from cutlass.base_dsl.dsl import BaseDSL
@@ -83,7 +84,9 @@ def main() -> None:
         real_trace = BaseDSL.generate_original_ir
 
         def watched_trace(*args: object, **kwargs: object) -> object:
-            frozen_traces.append(gc.get_freeze_count() > 0)
+            from fa4cache.adapters.fa4.gc_deferred import OUT_OF_REACH
+
+            deferred_traces.append(gc.get_threshold()[2] == OUT_OF_REACH)
             return real_trace(*args, **kwargs)
 
         watched_trace.__fa4cache_codegen_neutral__ = True  # type: ignore[attr-defined]  (it looks, then traces)
@@ -169,8 +172,8 @@ def main() -> None:
     _result(
         pid=os.getpid(),
         seconds=seconds,
-        frozen_traces=frozen_traces,
-        frozen_after=gc.get_freeze_count(),
+        deferred_traces=deferred_traces,
+        gc_threshold_after=list(gc.get_threshold()),
         toolchain=tc.id if tc else None,
         codegen_patches=sorted(tc.describe()["patches"]) if tc else [],
         compiles=int(c["compiles"]),

@@ -4,6 +4,7 @@ with it."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,11 @@ def test_kernels_compiled_without_the_engine_export_the_same_bytes(
     assert doc_store["result"]["engineless"] == 4, doc_store["result"]
     r = run_worker(
         tmp_path / "cache", "geometries", "--geometries", "1", "--seed", "7", PYTHONHASHSEED="1",
-        FA4CACHE_EXPORT_ONLY="0", FA4CACHE_GC_FREEZE="0", WORKER_WATCH_FREEZE="1",
+        FA4CACHE_EXPORT_ONLY="0", FA4CACHE_GC_DEFER="0", WORKER_WATCH_GC="1",
     )  # fmt: skip
     assert r["compiles"] == 4 and r["engineless"] == 0, r
-    # (and with the collector as it is: doc_store's kernels were compiled with the heap frozen)
-    assert r["frozen_traces"] == [False] * 4 and r["frozen_after"] == 0, r
+    # (and with the collector as it is: doc_store's kernels were compiled with full collections deferred)
+    assert r["deferred_traces"] == [False] * 4, r
     with_engine, without = _objects(tmp_path / "cache"), _objects(doc_store["dir"])
     assert len(with_engine) == 4 and with_engine.keys() == without.keys()
     assert with_engine == without
@@ -45,11 +46,12 @@ def test_a_gpu_process_compiles_only_its_forward_without_the_engine(
     # backward kernels keep the engine (4.0.0b40's backward calls its kernel directly).
     r = run_worker(
         tmp_path / "cache", "geometries", "--geometries", "1", "--seed", "7", PYTHONHASHSEED="1",
-        WORKER_SEES_GPU="1", WORKER_WATCH_FREEZE="1",
+        WORKER_SEES_GPU="1", WORKER_WATCH_GC="1",
     )  # fmt: skip
     assert r["compiles"] == 4 and r["engineless_kinds"] == ["fwd"] and r["stand_ins"] == ["fwd"], r
-    # every kernel, engine-less or not, traced with the heap frozen, and the heap unfrozen after
-    assert r["frozen_traces"] == [True] * 4 and r["frozen_after"] == 0, r
+    # every kernel, engine-less or not, traced with full collections deferred, and the
+    # collector's thresholds as they were after
+    assert r["deferred_traces"] == [True] * 4 and r["gc_threshold_after"] == list(gc.get_threshold()), r
     assert _objects(tmp_path / "cache") == _objects(doc_store["dir"])
 
 
@@ -67,7 +69,7 @@ def test_a_gpu_process_keeps_the_engine_where_the_forward_is_not_verified(
         monkeypatch.setattr(
             fa4_releases, "on", lambda c: c is not fa4_releases.Coupling.ENGINELESS_FORWARD and real_on(c)
         )
-        monkeypatch.setenv("FA4CACHE_GC_FREEZE", "0")  # (the heap freeze would wrap the compile still)
+        monkeypatch.setenv("FA4CACHE_GC_DEFER", "0")  # (the GC deferral would wrap the compile still)
         assert not export_only.enable()  # a GPU, and an FA4 whose forward is not verified: the DSL's own
         monkeypatch.setattr(fa4_releases, "on", real_on)
         if not fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD):

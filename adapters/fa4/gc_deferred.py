@@ -1,0 +1,61 @@
+"""No full garbage collection while a kernel is compiled for the store.
+
+The DSL's trace allocates as it runs Python (AST rewrites, MLIR values), so the collector runs
+often during a compile, and now and then a full collection walks every object of the process:
+torch's, FA4's and the DSL's modules, a model's: 0.18-0.24 s each on the H100 host, and one
+fell at the start of the forward's compile in 2 of 3 cold steps and 3 of 3 floor steps there.
+While this thread compiles a kernel for the store, :func:`deferred` raises the oldest
+generation's threshold out of reach: young collections go on (the compile's own garbage is
+collected), full ones wait until the compile ends, when the threshold goes back and the next
+one runs as the collector decides. Nothing is lost; a cycle that survived two young collections
+during the compile is collected at that later full collection. Compiles on several threads
+share one deferral (counted). A threshold changed by someone else meanwhile is theirs and stays;
+a collector turned off is left off. ``FA4CACHE_GC_DEFER=0`` turns it off. (Freezing the heap,
+``gc.freeze``, would defer the same pause but cannot be undone only in part: Python 3.12 starts
+with objects of its own frozen. A compile server freezes its heap before it forks its children:
+:func:`fa4cache.adapters.compile.worker.serve`.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+from collections.abc import Iterator
+
+OUT_OF_REACH = 1 << 30  # the oldest generation's threshold during a compile
+_lock = threading.Lock()
+_holders = 0  # compiles inside deferred() now
+_theirs: tuple[int, ...] = ()  # the thresholds before the first of them
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """No full collection starts by itself until the last compile inside this ends."""
+    global _holders, _theirs
+    with _lock:
+        if _holders == 0:
+            _theirs = gc.get_threshold()
+            young = _theirs[:2] if len(_theirs) >= 2 else (700, 10)
+            gc.set_threshold(*young, OUT_OF_REACH)
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                now = gc.get_threshold()
+                if len(now) == 3 and now[2] == OUT_OF_REACH:  # (not changed by someone else since)
+                    gc.set_threshold(*now[:2], *_theirs[2:3])
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held the lock would wait on it forever."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
