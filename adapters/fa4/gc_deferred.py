@@ -52,9 +52,16 @@ def deferred() -> Iterator[None]:
 
 
 def _after_fork_in_child() -> None:
-    """A child forked while another thread held the lock would wait on it forever."""
-    global _lock
+    """A child forked while another thread held the lock would wait on it forever; one forked
+    during a compile (a data loader's worker) has no compiling thread: its collector gets its
+    thresholds back."""
+    global _lock, _holders
     _lock = threading.Lock()
+    if _holders:
+        _holders = 0
+        now = gc.get_threshold()
+        if len(now) == 3 and now[2] == OUT_OF_REACH:
+            gc.set_threshold(*now[:2], *_theirs[2:3])
 
 
 if hasattr(os, "register_at_fork"):

@@ -99,3 +99,18 @@ def test_garbage_of_the_compile_is_not_lost() -> None:
         gc.collect(1)  # survived two young collections: it waits in the oldest generation
     gc.collect()
     assert gone() is None
+
+
+def test_a_child_forked_during_a_compile_gets_the_thresholds_back(thresholds: tuple[int, ...]) -> None:
+    import json
+    import os
+
+    r, w = os.pipe()
+    with gc_deferred.deferred():
+        pid = os.fork()
+        if pid == 0:  # the child: no compiling thread here
+            os.write(w, json.dumps(gc.get_threshold()).encode())
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert tuple(json.loads(os.read(r, 100))) == thresholds
