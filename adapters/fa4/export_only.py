@@ -106,14 +106,21 @@ def enable() -> bool:
     # (GPU or not is asked of the device files and CUDA_VISIBLE_DEVICES, not of CUDA: starting
     # its driver here would break fork.)
     forward_here = export and fa4_releases.on(fa4_releases.Coupling.ENGINELESS_FORWARD)
-    if not (forward_here or defer or (export and gpu_blind())):
+    # (A GPU visible now and a forward not verified: never export-only in this process, as
+    # without the deferral, whatever the device files say later.)
+    exporting = export and (forward_here or gpu_blind())
+    if not (exporting or defer):
         return False
     from cutlass.base_dsl.compiler import CompileCallable
     from fa4cache.adapters.fa4 import gc_deferred
     from fa4cache.adapters.fa4.compile_cache import RECOMPILE, pending_kind, store_miss_pending
 
     def engineless() -> bool:
-        return export and (gpu_blind() or (forward_here and pending_kind() in ENGINELESS_KINDS))
+        return exporting and (gpu_blind() or (forward_here and pending_kind() in ENGINELESS_KINDS))
+
+    def store_compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        with gc_deferred.deferred() if defer else contextlib.nullcontext():
+            return original(self, func, *args, **kwargs)
 
     with _lock:
         original = CompileCallable._compile
@@ -124,12 +131,11 @@ def enable() -> bool:
         def _compile(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
             if "no_jit_engine" in kwargs or not (store_miss_pending() and library_kernel(func)):
                 return original(self, func, *args, **kwargs)  # not a kernel for the store
-            with gc_deferred.deferred() if defer else contextlib.nullcontext():
-                if not engineless():
-                    return original(self, func, *args, **kwargs)
-                fn = original(self, func, *args, no_jit_engine=True, **kwargs)
+            if not engineless():
+                return store_compile(self, func, *args, **kwargs)
+            fn = store_compile(self, func, *args, no_jit_engine=True, **kwargs)
             try:  # the way back to the DSL's own compile, should the stored bytes not load
-                setattr(fn, RECOMPILE, lambda: original(self, func, *args, **kwargs))
+                setattr(fn, RECOMPILE, lambda: store_compile(self, func, *args, **kwargs))
             except (AttributeError, TypeError):
                 pass
             return fn

@@ -10,7 +10,9 @@ collected), full ones wait until the compile ends, when the threshold goes back 
 one runs as the collector decides. Nothing is lost; a cycle that survived two young collections
 during the compile is collected at that later full collection. Compiles on several threads
 share one deferral (counted). A threshold changed by someone else meanwhile is theirs and stays;
-a collector turned off is left off. ``FA4CACHE_GC_DEFER=0`` turns it off. (Freezing the heap,
+a collector turned off is left off; where the collector has no oldest-generation threshold to
+speak of (an incremental or free-threaded one), it buys nothing and costs nothing.
+``FA4CACHE_GC_DEFER=0`` turns it off. (Freezing the heap,
 ``gc.freeze``, would defer the same pause but cannot be undone only in part: Python 3.12 starts
 with objects of its own frozen. A compile server freezes its heap before it forks its children:
 :func:`fa4cache.adapters.compile.worker.serve`.)
@@ -27,41 +29,57 @@ from collections.abc import Iterator
 OUT_OF_REACH = 1 << 30  # the oldest generation's threshold during a compile
 _lock = threading.Lock()
 _holders = 0  # compiles inside deferred() now
-_theirs: tuple[int, ...] = ()  # the thresholds before the first of them
+_theirs: tuple[int, ...] = ()  # the thresholds before the first of them (never ours)
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """No full collection starts by itself until the last compile inside this ends."""
-    global _holders, _theirs
-    with _lock:
-        if _holders == 0:
-            _theirs = gc.get_threshold()
-            young = _theirs[:2] if len(_theirs) >= 2 else (700, 10)
-            gc.set_threshold(*young, OUT_OF_REACH)
-        _holders += 1
+    global _holders
+    entered = False
     try:
+        with _lock:
+            _holders += 1
+            entered = True
+            if _holders == 1:
+                _raise()
         yield
     finally:
-        with _lock:
-            _holders -= 1
-            if _holders == 0:
-                now = gc.get_threshold()
-                if len(now) == 3 and now[2] == OUT_OF_REACH:  # (not changed by someone else since)
-                    gc.set_threshold(*now[:2], *_theirs[2:3])
+        if entered:
+            with _lock:
+                _holders = max(_holders - 1, 0)  # (a forked child starts again from 0)
+                if _holders == 0:
+                    _restore()
+
+
+def _raise() -> None:
+    global _theirs
+    now = gc.get_threshold()
+    if len(now) != 3:
+        return
+    if now[2] != OUT_OF_REACH:  # (ours left by someone who saved it during a compile and put it
+        _theirs = now  # back after: the value before it stays the one to restore)
+    elif not _theirs:
+        _theirs = (*now[:2], 10)  # (CPython's default)
+    gc.set_threshold(*now[:2], OUT_OF_REACH)
+
+
+def _restore() -> None:
+    now = gc.get_threshold()
+    if len(now) == 3 and now[2] == OUT_OF_REACH and _theirs:  # (not changed by someone else since)
+        gc.set_threshold(*now[:2], _theirs[2])
 
 
 def _after_fork_in_child() -> None:
     """A child forked while another thread held the lock would wait on it forever; one forked
-    during a compile (a data loader's worker) has no compiling thread: its collector gets its
-    thresholds back."""
+    during a compile (a data loader's worker) has no compile of its own to wait for: its
+    collector gets its thresholds back (a compile of the forking thread that ends in the child
+    then finds nothing to restore)."""
     global _lock, _holders
     _lock = threading.Lock()
     if _holders:
         _holders = 0
-        now = gc.get_threshold()
-        if len(now) == 3 and now[2] == OUT_OF_REACH:
-            gc.set_threshold(*now[:2], *_theirs[2:3])
+        _restore()
 
 
 if hasattr(os, "register_at_fork"):

@@ -79,6 +79,44 @@ def test_a_gpu_process_keeps_the_engine_where_the_forward_is_not_verified(
         export_only.disable()
 
 
+def test_a_gpu_process_with_an_unverified_forward_never_compiles_engine_less(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The wrapper is on for the GC deferral there, but export-only compiles stay off for the
+    # process, even where the device files later say no GPU (before the deferral, enable() said
+    # False and nothing was wrapped).
+    import cutlass
+    import cutlass.cute as cute
+    from fa4cache.adapters.fa4 import compile_cache, export_only
+
+    from fa4cache import fa4_releases
+
+    if export_only._dsl_version() not in export_only.VERIFIED_DSL:
+        pytest.skip("the DSL release is not verified: nothing is wrapped")
+    export_only.disable()
+    monkeypatch.setattr(export_only, "gpu_blind", lambda: False)
+    real_on = fa4_releases.on
+    monkeypatch.setattr(
+        fa4_releases, "on", lambda c: c is not fa4_releases.Coupling.ENGINELESS_FORWARD and real_on(c)
+    )
+
+    def host_only(a):  # type: ignore[no-untyped-def]
+        cute.printf("a=%d\n", a)
+
+    host_only.__annotations__ = {"a": cutlass.Int32}
+    host_only = cute.jit(host_only)
+    try:
+        assert export_only.enable()  # (for the deferral)
+        monkeypatch.setattr(export_only, "gpu_blind", lambda: True)  # the device files change
+        monkeypatch.setattr(export_only, "library_kernel", lambda func: True)  # as if FA4's
+        compile_cache._tl.pending = [(object(), "a pending miss")]
+        compiled = cute.compile(host_only, 3)
+    finally:
+        compile_cache._tl.pending = []
+        export_only.disable()
+    assert getattr(compiled, "engine", None) is not None
+
+
 def test_only_fa4s_kernels_lose_the_engine_a_host_function_keeps_it() -> None:
     # While a miss is pending in this thread, a host-only @cute.jit function of the user's is
     # compiled as the DSL would (an engine, and it runs here); FA4's own functions are the

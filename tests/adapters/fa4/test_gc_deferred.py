@@ -114,3 +114,34 @@ def test_a_child_forked_during_a_compile_gets_the_thresholds_back(thresholds: tu
     os.close(w)
     os.waitpid(pid, 0)
     assert tuple(json.loads(os.read(r, 100))) == thresholds
+
+
+def test_a_save_and_restore_around_a_compile_end_does_not_keep_ours(thresholds: tuple[int, ...]) -> None:
+    with gc_deferred.deferred():
+        saved = gc.get_threshold()  # someone saves the thresholds during a compile,
+    gc.set_threshold(*saved)  # and puts them back after it: ours, for good
+    with gc_deferred.deferred():
+        pass
+    assert gc.get_threshold() == thresholds  # the next compile ends with theirs from before
+
+
+def test_a_child_forked_by_the_compiling_thread_defers_its_own_later_compiles(
+    thresholds: tuple[int, ...],
+) -> None:
+    import json
+    import os
+
+    r, w = os.pipe()
+    with gc_deferred.deferred():
+        pid = os.fork()
+        if pid == 0:
+            seen = [gc.get_threshold()[2]]  # (given back at the fork)
+    if pid == 0:  # the child, its compile ended: a later one defers again, then restores
+        with gc_deferred.deferred():
+            seen.append(gc.get_threshold()[2])
+        seen.append(gc.get_threshold()[2])
+        os.write(w, json.dumps(seen).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert json.loads(os.read(r, 200)) == [thresholds[2], gc_deferred.OUT_OF_REACH, thresholds[2]]
