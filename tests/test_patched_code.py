@@ -8,6 +8,7 @@ come from a library file, from fa4cache's own files, or from this test file (a p
 from __future__ import annotations
 
 import functools
+import gc
 import os.path
 import sys
 import threading
@@ -28,6 +29,12 @@ def module() -> Iterator[types.ModuleType]:
     for t in threading.enumerate():
         if t.name == "fa4cache-patch-check":
             t.join(60)
+    # and none starts during the test (an FA4 import another test's thread makes meanwhile)
+    warming, patched_code._warming = patched_code._warming, True
+    # and garbage of earlier tests (an in-process compile's) is collected now, not between a
+    # test's snapshot and its check, where a finalizer that writes a module's global would
+    # count as a change
+    gc.collect()
     mod = types.ModuleType(NAME)
     mod.join = os.path.join  # imported from the standard library: not a patch
     mod.forget = patched_code.forget  # fa4cache's own code: allowed
@@ -42,6 +49,7 @@ def module() -> Iterator[types.ModuleType]:
         yield mod
     finally:
         del sys.modules[NAME]
+        patched_code._warming = warming
         patched_code.forget()
 
 
