@@ -7,8 +7,10 @@ Three ways to answer the same question, alternating, median of the rounds:
   thread pays);
 * ``per record``: every module's and class's record compared with what it holds now, one
   at a time (the check as it stood before the snapshot);
-* ``snapshot``: the last whole walk's records compared in a few passes over all of them at
-  once (what a process's first key pays now).
+* ``snapshot, contents compared``: the last whole walk's records compared in a few passes over
+  all of them at once (what a process's first key pays where dict version tags are not used);
+* ``snapshot, version tags read``: the same, but a namespace whose version tag did not move is
+  not read (:mod:`fa4cache.dict_versions`; what a first key pays on CPython 3.11-3.13).
 
     python benchmarks/bench_patch_check.py [--rounds 15]   (CPU: cross-compile target set here)
 """
@@ -16,6 +18,7 @@ Three ways to answer the same question, alternating, median of the rounds:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -49,23 +52,37 @@ def main() -> None:
         pc._snapshot = None
         pc.runtime_patches()
 
-    def snapshot() -> None:
+    tagged = pc._snapshot
+    assert tagged is not None
+
+    def by_contents() -> None:  # the snapshot's passes over what every namespace holds
+        pc._snapshot = dataclasses.replace(tagged, tags=None)
+        pc.runtime_patches()
+        pc._snapshot = tagged
+
+    def by_tags() -> None:  # the same, where a namespace's version tag says it did not change
         pc.runtime_patches()
 
-    ways = {"full walk": full_walk, "per record": per_record, "snapshot": snapshot}
+    ways = {
+        "full walk": full_walk,
+        "per record": per_record,
+        "snapshot, contents compared": by_contents,
+        "snapshot, version tags read": by_tags,
+    }
     times: dict[str, list[float]] = {k: [] for k in ways}
     for r in range(a.rounds):
         for name in list(ways) if r % 2 == 0 else list(reversed(ways)):
             t = time.perf_counter()
             ways[name]()
             times[name].append(time.perf_counter() - t)
-            if name == "per record":
+            if name in ("per record", "full walk"):
                 pc.runtime_patches(snapshot=True)  # (untimed) the snapshot back for the next way
+                tagged = pc._snapshot
     med = {k: statistics.median(v) for k, v in times.items()}
     s = pc._snapshot
     assert s is not None
     rows = [[k, med[k] * 1e3, med[k] / med["full walk"], med[k] / med["per record"]] for k in ways]
-    where = "h200" if torch.cuda.is_available() and "H200" in torch.cuda.get_device_name() else "cpu"
+    where = "cpu" if not torch.cuda.is_available() else "h200" if "H200" in torch.cuda.get_device_name() else "h100"
     body = table(["way", "median ms", "vs full walk", "vs per record"], rows)
     size = (
         f"{len(s.containers)} modules and classes, {len(s.names)} names, {len(s.fns)} functions; "

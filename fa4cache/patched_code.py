@@ -28,6 +28,7 @@ check runs once).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -40,6 +41,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from fa4cache import dict_versions
 from fa4cache.identity import library_label
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,9 @@ def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time (a class statement, type())
+_IMMUTABLE = (
+    1 << 8
+)  # Py_TPFLAGS_IMMUTABLETYPE: no attribute of the class, nor any instance's class, can be set
 
 
 def _foreign_class(klass: type, module: Any, own: tuple[str, ...]) -> bool:
@@ -208,6 +213,7 @@ class _Walked:
     classes: list[tuple[str, type]]  # a module's own classes (walked as containers of their own)
     own: tuple[str, ...]  # fa4cache's own folders when it was judged (_foreign reads them)
     judged: list[bool]  # per value: a class, or something that runs code (_runs_python)
+    value_types: list[type]  # per value: its class (an instance's, a module's can be assigned)
     inert: tuple[type, ...]  # the types of the others, each once (_hooks_appeared)
 
 
@@ -382,7 +388,19 @@ def _walk(
     holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
     links_ = (holders, attrs, targets)
     walked = _Walked(
-        names, values, found, fns, marks, links_, classes_, type_modules, classes, own, judged, inert
+        names,
+        values,
+        found,
+        fns,
+        marks,
+        links_,
+        classes_,
+        type_modules,
+        classes,
+        own,
+        judged,
+        list(map(type, values)),
+        inert,
     )
     return walked, stable and not _hooks_appeared(inert)
 
@@ -395,6 +413,7 @@ def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool
         seen.own == own
         and list(members) == seen.names
         and _same(members.values(), seen.values)
+        and _same(map(type, seen.values), seen.value_types)
         and _same(_marks(seen.fns), seen.marks)
         and _same(map(getattr, holders, attrs), targets)
         and _same(_type_modules(seen.types_), seen.type_modules)
@@ -493,6 +512,14 @@ class _Snapshot:
     types_: list[type]
     type_modules: list[Any]
     found: list[str]
+    # For the check by version tags (_Tags): every value, where each container's start, which
+    # were judged, and the values whose class can be assigned (with their types as walked)
+    values: list[Any]
+    offsets: list[int]
+    judged_at: list[bool]
+    mutable: list[Any]
+    mutable_types: list[type]
+    tags: _Tags | None = None
 
     @classmethod
     def of(
@@ -507,14 +534,21 @@ class _Snapshot:
         walked = [w for _, w in records]
         values = [v for w in walked for v in w.values]
         judged = list(itertools.compress(range(len(values)), (j for w in walked for j in w.judged)))
-        agree = True  # every record saw each class under one __module__
+        agree = True  # every record saw each class under one __module__, each function alike
         fns: list[types.FunctionType] = []
         marks: list[list[Any]] = [[] for _ in range(5)]  # as _marks lays them out, per function
+        at: dict[int, int] = {}  # each function once (a module re-exports another's)
         for w in walked:
             n = len(w.fns)
-            fns += w.fns
-            for g in range(5):
-                marks[g] += w.marks[g * n : (g + 1) * n]
+            for k, fn in enumerate(w.fns):
+                got = [w.marks[g * n + k] for g in range(5)]
+                i = at.setdefault(id(fn), len(fns))
+                if i == len(fns):
+                    fns.append(fn)
+                    for g in range(5):
+                        marks[g].append(got[g])
+                elif any(marks[g][i] is not got[g] for g in range(5)):
+                    agree = False  # (it changed between two records' walks)
         codes, filled, wrapped, neutral, modules = marks
         # What _foreign reads beyond the code: a __dict__'s marks only where it held anything
         # (an empty one that fills flips `filled`), a __module__ only for text code (a change of
@@ -529,6 +563,8 @@ class _Snapshot:
                     agree = False  # (another thread set it between two records' walks)
         if not agree:
             return None
+        offsets = list(itertools.accumulate((len(w.names) for w in walked), initial=0))[:-1]
+        mutable = [v for v in values if _class_assignable(v)]
         return cls(
             imported=imported,
             checked=dict(checked),
@@ -553,6 +589,11 @@ class _Snapshot:
             types_=classes,  # each class once (a module imports the same ones as the next)
             type_modules=[first[id(t)] for t in classes],
             found=found,
+            values=values,
+            offsets=offsets,
+            judged_at=[j for w in walked for j in w.judged],
+            mutable=mutable,
+            mutable_types=list(map(type, mutable)),
         )
 
     def changed(self, imported: list[tuple[str, Any]]) -> tuple[str | None, list[tuple[str, Any]]]:
@@ -570,6 +611,12 @@ class _Snapshot:
                 added = [(n, m) for n, m in now if n not in then]
             if _own_roots() != self.own:
                 return "fa4cache's own folders", []
+        if self.tags is not None:
+            return self._changed_by_tags(self.tags), added
+        return self._changed_by_contents(), added
+
+    def _changed_by_contents(self) -> str | None:
+        """What no longer holds, from what every module and class holds now."""
         members = list(map(vars, self.containers))
         sizes = list(map(len, members))
         if sizes == self.sizes:
@@ -578,28 +625,113 @@ class _Snapshot:
             # A namespace that only grew by values that run no code (a submodule imported since
             # sets its name on its package) keeps what it held, in order, first.
             if not all(map(operator.ge, sizes, self.sizes)):
-                return "a name removed from a module or class", added
+                return "a name removed from a module or class"
             grew = [i for i, (n, m) in enumerate(zip(sizes, self.sizes)) if n != m]
             new = [v for i in grew for v in itertools.islice(members[i].values(), self.sizes[i], None)]
             if any(isinstance(v, type) or _runs_python(v) for v in new):
-                return "a function, wrapper or class added to a module or class", added
+                return "a function, wrapper or class added to a module or class"
             names = list(map(itertools.islice, members, self.sizes))
             values = list(map(itertools.islice, map(_values_of, members), self.sizes))
         if list(itertools.chain.from_iterable(names)) != self.names:
-            return "a module's or class's names", added
+            return "a module's or class's names"
         flat = list(itertools.chain.from_iterable(values))
         checks = (
             ("a value that runs code", lambda: self._still_inert(flat)),
             ("a class that gained a __call__ or __get__", lambda: not _hooks_appeared(self.inert)),
             ("a function, wrapper or class held", lambda: _same(self.pick(flat), self.judged)),
+            *self._object_checks(),
+            ("a class's module", lambda: _same(_type_modules(self.types_), self.type_modules)),
+        )
+        return next((what for what, holds in checks if not holds()), None)
+
+    def _changed_by_tags(self, tags: _Tags) -> str | None:
+        """What no longer holds, reading only the namespaces whose version tag moved: the
+        others hold the same objects under the same names (and their classes the same
+        ``__module__``). What no namespace holds is looked at as in the other way: the
+        functions, the wrappers' links, the classes' hooks, and the class of each value whose
+        class can be assigned."""
+        now = tags.read(tags.addresses)
+        if now != tags.tags:
+            moved = [i for i, (a, b) in enumerate(zip(now, tags.tags)) if a != b]
+            for i in moved:
+                for c in tags.containers[i]:
+                    what = self._container_changed(c)
+                    if what is not None:
+                        return what
+                for k in tags.classes[i]:
+                    if vars(self.types_[k]).get("__module__") is not self.type_modules[k]:
+                        return "a class's module"
+        checks = (
+            ("a value's class", lambda: _same(map(type, self.mutable), self.mutable_types)),
+            ("a class that gained a __call__ or __get__", lambda: not _hooks_appeared(self.inert)),
+            *self._object_checks(),
+        )
+        return next((what for what, holds in checks if not holds()), None)
+
+    def _container_changed(self, c: int) -> str | None:
+        """What no longer holds in container ``c``, whose namespace changed: the same names
+        first, and each object held where one was judged; a value that is not code may change
+        (a flag, a table), and names may be added for such values."""
+        items = list(vars(self.containers[c]).items())  # one read: names and objects together
+        off, n = self.offsets[c], self.sizes[c]
+        if len(items) < n:
+            return "a name removed from a module or class"
+        if [k for k, _ in items[:n]] != self.names[off : off + n]:
+            return "a module's or class's names"
+        if any(isinstance(v, type) or _runs_python(v) for _, v in items[n:]):
+            return "a function, wrapper or class added to a module or class"
+        then = zip(self.values[off : off + n], self.judged_at[off : off + n])
+        for (_, v), (was, judged) in zip(items, then):
+            if v is not was and (judged or isinstance(v, type) or _runs_python(v)):
+                return "a function, wrapper or class held"
+        return None
+
+    def _object_checks(self) -> tuple[tuple[str, Any], ...]:
+        return (
             ("a function's code", lambda: _same(map(_code_of, self.fns), self.codes)),
             ("a function's attributes", lambda: _same(_filled(list(map(_dict_of, self.fns))), self.filled)),
             ("a function's __wrapped__ or mark", lambda: _same(_dress(self.dressed), self.dress)),
             ("text code's module", lambda: _same(map(_module_of, self.texts), self.text_modules)),
             ("a wrapper's link", lambda: _same(map(getattr, self.holders, self.attrs), self.targets)),
-            ("a class's module", lambda: _same(_type_modules(self.types_), self.type_modules)),
         )
-        return next((what for what, holds in checks if not holds()), None), added
+
+    def tagged(self) -> _Snapshot:
+        """This snapshot with the version tags of every namespace it read (the modules', its
+        classes') where this interpreter's tags can be trusted (:mod:`fa4cache.dict_versions`),
+        read before the snapshot is checked against what they hold now: a change after the
+        read moves a tag. As it was where it does not hold now, or a namespace has no tag."""
+        read = dict_versions.reader()
+        if read is None:
+            return self
+        at: dict[int, int] = {}
+        dicts: list[dict[Any, Any]] = []
+        containers: list[list[int]] = []
+        classes: list[list[int]] = []
+
+        def slot(d: dict[Any, Any]) -> int:
+            i = at.setdefault(id(d), len(dicts))
+            if i == len(dicts):
+                dicts.append(d)
+                containers.append([])
+                classes.append([])
+            return i
+
+        for c, obj in enumerate(self.containers):
+            d = dict_versions.namespace(obj)
+            if d is None:
+                return self
+            containers[slot(d)].append(c)
+        for k, klass in enumerate(self.types_):
+            if not klass.__flags__ & _IMMUTABLE:  # (one that is can change nothing it holds)
+                d = dict_versions.namespace(klass)
+                if d is None:
+                    return self
+                classes[slot(d)].append(k)
+        where = dict_versions.addresses(dicts)
+        tags = read(where)
+        if self._changed_by_contents() is not None:
+            return self
+        return dataclasses.replace(self, tags=_Tags(read, dicts, where, tags, containers, classes))
 
     def _still_inert(self, values: list[Any]) -> bool:
         """Whether every value that was not judged still needs no judging: the same type (one
@@ -609,6 +741,25 @@ class _Snapshot:
             return True
         moved = map(operator.is_not, map(type, values), self.value_types)  # (picked in C, then judged)
         return not any(isinstance(v, type) or _runs_python(v) for v in itertools.compress(values, moved))
+
+
+@dataclass(frozen=True)
+class _Tags:
+    """The version tags of the namespaces a snapshot read, as they were when it held."""
+
+    read: Any  # dicts -> their tags (dict_versions.reader())
+    dicts: list[dict[Any, Any]]  # each namespace once (a module's dict, a class's behind its proxy;
+    # held, so that each lives while its address is read)
+    addresses: list[int]  # where its tag lies,
+    tags: list[int]  # its tag,
+    containers: list[list[int]]  # the snapshot's containers it is the namespace of,
+    classes: list[list[int]]  # and the classes of types_ whose __module__ it holds
+
+
+def _class_assignable(value: Any) -> bool:
+    """Whether ``value.__class__`` can be assigned: an instance of a mutable class, or a module
+    (whose class may become a subclass of ``ModuleType``)."""
+    return not type(value).__flags__ & _IMMUTABLE or isinstance(value, types.ModuleType)
 
 
 _snapshot: _Snapshot | None = None
@@ -649,7 +800,8 @@ def runtime_patches(*, snapshot: bool = False) -> list[str]:
         _walked = live
         found = sorted(set(found))
         if whole and snapshot:
-            _snapshot = _Snapshot.of(imported, checked, own, records, found)
+            taken = _Snapshot.of(imported, checked, own, records, found)
+            _snapshot = taken.tagged() if taken is not None else None
     return found
 
 

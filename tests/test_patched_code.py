@@ -7,6 +7,7 @@ come from a library file, from fa4cache's own files, or from this test file (a p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import os.path
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fa4cache import patched_code
+from fa4cache import dict_versions, patched_code
 
 NAME = "flash_attn.cute._fa4cache_probe"
 
@@ -221,14 +222,24 @@ CHANGES = [
     "assigned", "code replaced", "wrapped", "class method", "staticmethod re-initialised",
     "property re-initialised", "partial's state set", "a class becomes the module's", "text code's module",
     "__dict__ replaced by one that looks empty", "lru_cache's __wrapped__", "callable instance's class",
-    "an instance's class gains __call__", "an instance's class gains a base",
+    "an instance's class gains __call__", "an instance's class gains a base", "a held module's class",
+    "a class's __module__ set where it is only held", "a name deleted and set again",
 ]  # fmt: skip
 
 
+class _CallableModule(types.ModuleType):  # what a held submodule's __class__ can become
+    __call__ = _hot_fix
+
+
+@pytest.mark.parametrize("way", ["by version tags", "by contents"])
 @pytest.mark.parametrize("change", CHANGES)
-def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType, change: str) -> None:
+def test_a_patch_made_after_a_walk_is_found_by_the_next(
+    module: types.ModuleType, change: str, way: str
+) -> None:
     # The walk judges again only what changed since the last one (the first key's check after
-    # the warm-up's): every kind of change must count as one, objects changed in place included.
+    # the warm-up's): every kind of change must count as one, objects changed in place included,
+    # whether the snapshot reads the namespaces' version tags (where this interpreter's can be
+    # trusted: CI's can) or compares what they hold.
     def library_like(x: int) -> int:
         return x
 
@@ -265,8 +276,20 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
     text = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0], {}, "g")
     text.__module__ = NAME  # code generated as text in the package's own namespace: allowed
     module.generated = text
+    module.sub = types.ModuleType(NAME + ".sub")  # a submodule, as its package holds it
+
+    class Elsewhere:  # held by the module, defined in a library's module
+        pass
+
+    Elsewhere.__module__ = "os.path"
+    module.Elsewhere = Elsewhere
     assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
-    assert patched_code._snapshot is not None  # the next call is answered by the snapshot's passes
+    snap = patched_code._snapshot
+    assert snap is not None  # the next call is answered by the snapshot's passes
+    if way == "by version tags":
+        assert (snap.tags is not None) == (dict_versions.reader() is not None)
+    else:
+        patched_code._snapshot = dataclasses.replace(snap, tags=None)
     if change == "assigned":
         module.call_mask_mod = _hot_fix
     elif change == "code replaced":
@@ -294,10 +317,20 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(module: types.ModuleType
     elif change == "an instance's class gains a base":
         Base.__call__ = _hot_fix
         Plain.__bases__ = (Base,)
+    elif change == "a held module's class":
+        module.sub.__class__ = _CallableModule
+    elif change == "a class's __module__ set where it is only held":
+        Elsewhere.__module__ = "_fa4cache_users_code"  # (a class of the user's: no module vouches for it)
+    elif change == "a name deleted and set again":
+        del module.call_mask_mod  # the same names, in another order: the fix comes last
+        module.call_mask_mod = _hot_fix
     else:
         text.__module__ = "__main__"  # text code outside the package: a patch
     found = _found()
-    where = "(<string>)" if change == "text code's module" else __file__
+    where = {
+        "text code's module": "(<string>)",
+        "a class's __module__ set where it is only held": "'_fa4cache_users_code'",
+    }.get(change, __file__)
     assert len(found) == 1 and where in found[0], found
     if change == "assigned":  # undone: clean again
         module.call_mask_mod = library_like
@@ -397,6 +430,8 @@ def test_an_unchanged_namespace_is_answered_without_a_walk(
         raise AssertionError("walked again")
 
     monkeypatch.setattr(patched_code, "_walk", no_walk)
+    if dict_versions.reader() is not None:  # and the namespaces' contents are not read either
+        monkeypatch.setattr(patched_code._Snapshot, "_changed_by_contents", no_walk)
     assert _found() == []
     for name in ("_fa4cache_unrelated_probe", "fa4cache._probe_submodule"):
         sys.modules[name] = types.ModuleType(name)
