@@ -1,11 +1,14 @@
 """Compile-ahead: the kernels a step will need compile side by side, before it asks.
 
-* **Forward miss.** When this process misses on a forward kernel, the backward kernels
-  of the same call (listed by FA4's own keys, :mod:`fa4cache.adapters.compile.kernel_set`) start compiling at once,
-  one per process forked by this process's compile server (:mod:`fa4cache.adapters.compile.server`, a
-  GPU-blind CPU cross-compile that has imported FA4 already), while this process compiles
-  the forward. The backward then finds them in the store, or waits on
-  the lock the worker holds: the per-key lock means no kernel is compiled twice.
+* **Forward call.** While this process's compile server runs (it starts on a cold store),
+  a forward call hands the backward of the same call to it as the call starts, before the
+  forward is keyed or looked up; a process with no server does so at its forward's miss.
+  The backward's kernels (listed by FA4's own keys, :mod:`fa4cache.adapters.compile.kernel_set`)
+  start compiling at once, one per process forked by the compile server
+  (:mod:`fa4cache.adapters.compile.server`, a GPU-blind CPU cross-compile that has imported
+  FA4 already), while this process compiles the forward; a worker that finds a kernel stored
+  takes nothing. The backward then finds them in the store, or waits on the lock the worker
+  holds: the per-key lock means no kernel is compiled twice. Each backward goes to a server once.
 * **Waiting helps.** A process blocked on another's compile of a forward kernel starts the
   not-yet-started kernels of the same set meanwhile (in its server's children, else in
   itself), each taken through ``try_lock``.
@@ -48,6 +51,7 @@ _lock = threading.Lock()
 _launched: dict[str, float] = {}  # digest -> when a worker of ours started compiling it
 _server: compile_server.CompileServer | None = None
 _quiet_forwards = 0  # forward calls in a row that compiled nothing
+_sent: set[tuple[str, str]] = set()  # (toolchain, backward job) handed to the running server
 # Forward calls in a row with no compile after which the server leaves (its memory back):
 # a few steps of a model, whose layers call the forward once each.
 RETIRE_AFTER = 64
@@ -74,6 +78,8 @@ def wrap_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
         watch = prev is None and _server is not None
         misses = _misses() if watch else 0
         try:
+            if watch:
+                _start_early((args, kwargs))
             return fn(*args, **kwargs)
         finally:
             _tl.call = prev
@@ -203,10 +209,26 @@ def _plan_backward(call: tuple[Any, Any]) -> tuple[CallJob, list[Kernel]] | None
 BACKWARD_KERNELS = 4
 
 
+def _start_early(call: tuple[Any, Any]) -> None:
+    """While this process's compile server runs (a cold store), hand the backward of a forward
+    call to it as the call starts, before FA4 keys, looks up and compiles the forward: the
+    backward, the step's slowest kernel, then starts that much sooner. Workers that find its
+    kernels stored take nothing; each call's backward goes once to a server."""
+    if not enabled() or getattr(_tl, "busy", False):
+        return
+    _tl.busy = True
+    try:
+        _start_backward(call)
+    except Exception as e:  # only a head start: the forward's miss hands it over as before
+        log.debug("fa4cache: backward not started ahead of the forward: %s: %s", type(e).__name__, e)
+    finally:
+        _tl.busy = False
+
+
 def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> None:
     """Hand the backward of ``call`` to the server's workers, as many as ``kernels`` (within
-    this process's share of the cores). Its kernels are listed there, not here: this runs
-    between a forward's miss and its compile, on the critical path."""
+    this process's share of the cores), unless this server has it already. Its kernels are
+    listed there, not here: this runs before a forward's compile, on the critical path."""
     store = runtime.installed_store()
     tc = runtime.current_toolchain()
     if store is None or tc is None or not store.writable:
@@ -217,6 +239,11 @@ def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> N
     server = _get_server()
     if server is None:
         return
+    sent = (tc.id, repr(job))
+    with _lock:
+        if sent in _sent:
+            return
+        _sent.add(sent)
     n = children(kernels)
     # No targets: each worker lists the job's kernels and takes those nobody holds or has.
     task = CompileTask(jobs=(job,), ahead=True, toolchain=tc.id, fork=n)
@@ -322,7 +349,9 @@ def _get_server(
             log.info("fa4cache: the compile server compiles for another target; starting one for this one")
             _server.close(wait=False)
             _server = None
+            _sent.clear()
         if _server is None or _server.proc.poll() is not None:
+            _sent.clear()  # (a new server has been handed nothing)
             store = runtime.installed_store()
             if store is None or not store.writable:
                 return None
@@ -415,6 +444,7 @@ def _retire_server() -> None:
     global _server, _quiet_forwards
     with _lock:
         server, _server = _server, None
+        _sent.clear()
     _quiet_forwards = 0
     if server is not None:
         server.close(wait=False)

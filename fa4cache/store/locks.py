@@ -40,6 +40,11 @@ class WaitResult:
     timed_out: bool
 
 
+# How often a waiter tries a key's lock again. The waiter is usually a first step waiting for
+# a kernel another process compiles; filelock's default (0.05 s) added 25 ms to it on average.
+WAIT_POLL_SECONDS = 0.005
+
+
 class KeyLocks:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -79,7 +84,7 @@ class KeyLocks:
         lk = self._lock(digest)
         t0 = time.perf_counter()
         try:
-            lk.acquire(timeout=timeout)
+            lk.acquire(timeout=timeout, poll_interval=WAIT_POLL_SECONDS)
         except filelock.Timeout:
             return WaitResult(None, time.perf_counter() - t0, True)
         return WaitResult(lk, time.perf_counter() - t0, False)

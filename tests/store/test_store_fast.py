@@ -131,3 +131,45 @@ def test_verify_and_prune_by_recorded_use(tmp_path: Path) -> None:
     rep = prune(store, stale_after=86400)
     assert [e.ref.toolchain for e in rep.removed] == [old]
     assert {e.ref.toolchain for e in store.layout.iter_entries()} == {TOOLCHAIN.id}
+
+
+def test_a_waiter_takes_a_released_key_lock_within_milliseconds(tmp_path: Path) -> None:
+    # A first step waiting on another process's compile waits for its lock: the wait ends
+    # within a few milliseconds of the release, not at filelock's 50 ms polling.
+    import statistics
+    import subprocess
+    import sys
+    import time
+
+    from fa4cache.store.locks import KeyLocks, release
+
+    locks = KeyLocks(tmp_path)
+    lags = []
+    for _ in range(5):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(locks.path("k" * 64))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == b"held"
+        holder.stdin.close()  # it releases when its stdin closes, and says when
+        got = locks.wait("k" * 64, timeout=10)
+        taken = time.time()
+        released = float(holder.stdout.readline())
+        holder.wait(10)
+        assert got.lock is not None
+        release(got.lock)
+        lags.append(taken - released)
+    assert statistics.median(lags) < 0.02, lags
+
+
+HOLD = """
+import sys, time, filelock
+lk = filelock.FileLock(sys.argv[1], is_singleton=False)
+lk.acquire()
+print("held", flush=True)
+sys.stdin.read()
+lk.release()
+print(time.time(), flush=True)
+"""

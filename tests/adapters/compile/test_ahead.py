@@ -281,3 +281,56 @@ def test_in_a_job_the_server_learns_its_target_at_the_first_miss(monkeypatch: py
         monkeypatch.setattr(runtime, "installed_store", lambda store=store: store)
         ahead._configure_when_cuda_is_up(server)  # type: ignore[arg-type]
     assert told == [{"FA4CACHE_DIR": "x"}]  # without a job-wide tier only
+
+
+def test_a_forward_call_hands_its_backward_to_the_running_server_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backward, the step's slowest kernel, starts as the forward call starts (not after the
+    forward's key, lookup and lock), once per call shape and server; the forward's miss then
+    hands nothing more over, and a new server is handed it again."""
+    import types
+
+    from fa4cache.adapters.compile import ahead
+    from fa4cache.adapters.fa4.events import MissEvent, MissStage
+
+    from fa4cache.store import runtime
+
+    order: list[str] = []
+    submitted: list[Any] = []
+
+    def server() -> Any:
+        return types.SimpleNamespace(
+            proc=types.SimpleNamespace(poll=lambda: None),
+            submit=lambda task: (order.append("submitted"), submitted.append(task)),
+            close=lambda wait: None,
+        )
+
+    running = server()
+    monkeypatch.setattr(ahead, "_server", running)
+    monkeypatch.setattr(ahead, "_sent", set())
+    monkeypatch.setattr(ahead, "_get_server", lambda: ahead._server)
+    monkeypatch.setattr(ahead, "enabled", lambda: True)
+    store = types.SimpleNamespace(writable=True, counters=types.SimpleNamespace(counted=lambda name: 0))
+    monkeypatch.setattr(runtime, "installed_store", lambda: store)
+    monkeypatch.setattr(runtime, "current_toolchain", lambda: types.SimpleNamespace(id="tc"))
+    jobs = {64: "job-d64", 128: "job-d128"}
+    monkeypatch.setattr(ahead, "backward_job", lambda args, kwargs: jobs[args[0]])
+
+    def fa4_forward(d: int) -> str:
+        order.append("forward ran")
+        # FA4 misses on the forward kernel inside the call: nothing is handed over again
+        ref = types.SimpleNamespace(digest="f" * 64)
+        ahead._on_miss(MissEvent(MissStage.COMPILING, "fwd", None, ref))  # type: ignore[arg-type]
+        return "out"
+
+    forward = ahead.wrap_forward(fa4_forward)
+    assert forward(64) == "out" and forward(64) == "out"
+    assert order[:2] == ["submitted", "forward ran"] and len(submitted) == 1, order
+    assert submitted[0].jobs == ("job-d64",) and submitted[0].ahead
+    forward(128)  # another shape: its own backward
+    assert [t.jobs for t in submitted] == [("job-d64",), ("job-d128",)]
+    ahead._retire_server()  # a server that left took what it was handed with it
+    monkeypatch.setattr(ahead, "_server", server())
+    forward(64)
+    assert [t.jobs for t in submitted][-1] == ("job-d64",) and len(submitted) == 3
