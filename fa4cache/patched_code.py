@@ -773,7 +773,8 @@ def runtime_patches(*, snapshot: bool = False) -> list[str]:
     the last call (:class:`_Walked`): the first call walks every function (about a second on a
     busy host, done in a thread when FA4 is imported, :func:`warm_up`); the one at the first
     kernel's key, when nothing changed, compares the warm-up's records with what the modules
-    hold now in a few passes over all of them (:class:`_Snapshot`: milliseconds).
+    hold now in a few passes over all of them (:class:`_Snapshot`: milliseconds), reading only
+    the namespaces whose version tag moved where the tags can be trusted (:mod:`fa4cache.dict_versions`).
 
     ``snapshot``: take a new snapshot of this walk's records (tens of milliseconds: the warm-up
     and a compile server's first walk, off any step's path)."""
