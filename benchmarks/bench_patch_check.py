@@ -82,7 +82,13 @@ def main() -> None:
     s = pc._snapshot
     assert s is not None
     rows = [[k, med[k] * 1e3, med[k] / med["full walk"], med[k] / med["per record"]] for k in ways]
-    where = "cpu" if not torch.cuda.is_available() else "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+    where = (
+        "cpu"
+        if not torch.cuda.is_available()
+        else "h200"
+        if "H200" in torch.cuda.get_device_name()
+        else "h100"
+    )
     body = table(["way", "median ms", "vs full walk", "vs per record"], rows)
     size = (
         f"{len(s.containers)} modules and classes, {len(s.names)} names, {len(s.fns)} functions; "
