@@ -24,7 +24,7 @@ from tests.conftest import ROOT, run_cli
 LAYERS = (
     ("fa4cache.errors", "fa4cache.cache_dir", "fa4cache.settings", "fa4cache.hashing", "fa4cache.arch", "fa4cache.validate", "fa4cache.version",
      "fa4cache.fingerprint", "fa4cache.extras", "fa4cache.identity", "fa4cache.fa4_releases",
-     "fa4cache.patched_code"),
+     "fa4cache.patched_code", "fa4cache.dict_versions"),
     ("fa4cache.store", "fa4cache.warmth"),
     ("fa4cache.masks",),
     ("fa4cache.ops", "fa4cache.decode", "fa4cache.aot"),
@@ -411,7 +411,6 @@ UNTESTED_TODAY = frozenset(
     fa4cache.adapters.distributed.split
     fa4cache.adapters.fa4.cross_compile
     fa4cache.adapters.fa4.dsl_caches
-    fa4cache.adapters.fa4.events
     fa4cache.adapters.fa4.import_hook
     fa4cache.adapters.patch
     fa4cache.adapters.transformers.common
