@@ -137,16 +137,31 @@ def _class_dict(klass: type) -> dict[Any, Any] | None:
     keep theirs in a subclass of dict, written to through the same C calls.)"""
     import gc
 
-    inner = gc.get_referents(vars(klass))
+    inner = gc.get_referents(_CLASS_DICT(klass))
     return inner[0] if len(inner) == 1 and isinstance(inner[0], dict) else None
+
+
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__  # the interpreter's own getters:
+_CLASS_DICT = type.__dict__["__dict__"].__get__  # a (meta)class cannot answer otherwise
 
 
 def namespace(obj: Any) -> dict[Any, Any] | None:
     """The dict ``vars(obj)`` shows, for a module or a class: the one whose tag says whether it
-    changed. None for anything else."""
+    changed. None for anything else, and where ``vars(obj)`` is not that dict (a ``__dict__``
+    of a module's subclass or a metaclass that answers with another: its tag would say
+    nothing of what the module or class holds)."""
     if isinstance(obj, types.ModuleType):
-        d = vars(obj)
-        return d if type(d) is dict else None
+        d = _MODULE_DICT(obj)
+        return d if type(d) is dict and vars(obj) is d else None
     if isinstance(obj, type):
-        return _class_dict(obj)
+        d = _class_dict(obj)
+        shown = vars(obj)
+        return d if d is not None and _proxied(shown) is d else None
     return None
+
+
+def _proxied(proxy: Any) -> Any:
+    import gc
+
+    inner = gc.get_referents(proxy) if isinstance(proxy, types.MappingProxyType) else []
+    return inner[0] if len(inner) == 1 else None

@@ -19,9 +19,14 @@ read as the interpreter reads them (``dict``'s own methods, whatever its ``__dic
 A replacement that only observes (a counter, a timer) and calls what it replaced may say so
 with ``fn.__fa4cache_codegen_neutral__ = True``.
 
+A module whose class is not ``ModuleType`` and a class's bases (its MRO) are judged as
+classes are: a subclass of the user's that answers attribute reads, or a base of the user's
+whose methods come with it, is a patch.
+
 Not seen: values replaced at run time (a module constant), a partial's keywords changed in
 place, text code that names a checked module as its own, a library function put in
-another's place, the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
+another's place, what a wrapper calls through its closure (``__wrapped__`` is followed, not
+the closure's cells), the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
 many to walk at every process start), and a patch made after the first kernel's key (the
 check runs once).
 """
@@ -215,6 +220,7 @@ class _Walked:
     judged: list[bool]  # per value: a class, or something that runs code (_runs_python)
     value_types: list[type]  # per value: its class (an instance's, a module's can be assigned)
     inert: tuple[type, ...]  # the types of the others, each once (_hooks_appeared)
+    frame: Any = None  # what the container is beyond its namespace (_frame), as judged
 
 
 _dict_of = operator.attrgetter("__dict__")
@@ -405,12 +411,36 @@ def _walk(
     return walked, stable and not _hooks_appeared(inert)
 
 
-def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...]) -> bool:
+_MRO = type.__dict__["__mro__"].__get__  # (type's own: a metaclass cannot answer otherwise)
+
+
+def _frame(obj: Any) -> Any:
+    """What a module or class is beyond its namespace: a module's class (a subclass of
+    ``ModuleType`` answers attribute reads with code of its own), a class's MRO (its bases
+    bring their methods). Compared by identity: a new ``__bases__`` makes a new MRO."""
+    return _MRO(obj) if isinstance(obj, type) else type(obj)
+
+
+def _frame_found(qualname: str, obj: Any, frame: Any, own: tuple[str, ...]) -> list[str]:
+    """The classes of the user's that ``frame`` brings in: a module's class, a class's bases."""
+    if isinstance(obj, type):
+        what, classes = "a base", frame[1:]
+    else:
+        what, classes = "its class", (() if frame is types.ModuleType else (frame,))
+    return [
+        f"{qualname} ({what} {getattr(k, '__qualname__', k)} of {m!r})"
+        for k in classes
+        if _foreign_class(k, m := vars(k).get("__module__"), own)
+    ]
+
+
+def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...], frame: Any = None) -> bool:
     if seen is None:
         return False
     holders, attrs, targets = seen.links
     return (
         seen.own == own
+        and seen.frame is frame
         and list(members) == seen.names
         and _same(members.values(), seen.values)
         and _same(map(type, seen.values), seen.value_types)
@@ -432,14 +462,17 @@ def _container(
     """The record of ``obj`` and how it was had: ``"kept"`` (unchanged since the last walk),
     ``"walked"`` (judged now, kept for the next call) or ``"unstable"`` (judged now, but a change
     landed while it was judged: not kept, the next call walks it again)."""
+    frame = _frame(obj)
     members = vars(obj)
     key = (id(obj), module)
     prev = _walked.get(key)
     seen = prev[1] if prev is not None and prev[0] is obj else None
     how = "kept"
-    if not _unchanged(seen, members, own):
+    if not _unchanged(seen, members, own, frame):
         seen, stable = _walk(qualname, members, own, module, outer)
-        if not stable:
+        seen.frame = frame
+        seen.found += _frame_found(qualname, obj, frame, own)
+        if not stable or _frame(obj) is not frame:
             return seen, "unstable"
         how = "walked"
     assert seen is not None
@@ -519,6 +552,7 @@ class _Snapshot:
     judged_at: list[bool]
     mutable: list[Any]
     mutable_types: list[type]
+    frames: list[Any]  # each container's _frame, as judged
     tags: _Tags | None = None
 
     @classmethod
@@ -594,6 +628,7 @@ class _Snapshot:
             judged_at=[j for w in walked for j in w.judged],
             mutable=mutable,
             mutable_types=list(map(type, mutable)),
+            frames=[w.frame for w in walked],
         )
 
     def changed(self, imported: list[tuple[str, Any]]) -> tuple[str | None, list[tuple[str, Any]]]:
@@ -688,6 +723,7 @@ class _Snapshot:
 
     def _object_checks(self) -> tuple[tuple[str, Any], ...]:
         return (
+            ("a module's class or a class's bases", lambda: _same(map(_frame, self.containers), self.frames)),
             ("a function's code", lambda: _same(map(_code_of, self.fns), self.codes)),
             ("a function's attributes", lambda: _same(_filled(list(map(_dict_of, self.fns))), self.filled)),
             ("a function's __wrapped__ or mark", lambda: _same(_dress(self.dressed), self.dress)),
@@ -722,16 +758,64 @@ class _Snapshot:
                 return self
             containers[slot(d)].append(c)
         for k, klass in enumerate(self.types_):
-            if not klass.__flags__ & _IMMUTABLE:  # (one that is can change nothing it holds)
-                d = dict_versions.namespace(klass)
-                if d is None:
-                    return self
-                classes[slot(d)].append(k)
+            d = dict_versions.namespace(klass)
+            if d is None:
+                return self
+            classes[slot(d)].append(k)
         where = dict_versions.addresses(dicts)
         tags = read(where)
         if self._changed_by_contents() is not None:
             return self
-        return dataclasses.replace(self, tags=_Tags(read, dicts, where, tags, containers, classes))
+        now = self._as_held_now()
+        if now is None:
+            return self
+        return dataclasses.replace(now, tags=_Tags(read, dicts, where, tags, containers, classes))
+
+    def _as_held_now(self) -> _Snapshot | None:
+        """This snapshot with every value as the namespaces hold it now, read after the tags
+        and after the check that nothing which runs code changed since the walk: a value that
+        changed, or was added, in the meantime (a flag set, a submodule's name on its package)
+        is the one whose class and type a later check must look at, since its namespace's tag
+        will not move again. None where something changed that would need judging."""
+        items = [list(vars(c).items()) for c in self.containers]  # one read each
+        sizes = list(map(len, items))
+        if not all(map(operator.ge, sizes, self.sizes)):
+            return None
+        names = [k for it in items for k, _ in it]
+        values = [v for it in items for _, v in it]
+        judged_at: list[bool] = []
+        for it, off, n in zip(items, self.offsets, self.sizes):
+            if [k for k, _ in it[:n]] != self.names[off : off + n]:
+                return None
+            for j, (_, v) in enumerate(it):
+                if j < n and v is self.values[off + j]:
+                    judged = self.judged_at[off + j]
+                    if not judged and type(v) is not self.value_types[off + j] and _runs_python(v):
+                        return None  # (its class was assigned one that runs code)
+                    judged_at.append(judged)
+                elif (j < n and self.judged_at[off + j]) or isinstance(v, type) or _runs_python(v):
+                    return None  # (changed after the check: judged again at the next call)
+                else:
+                    judged_at.append(False)
+        inert = tuple({id(type(v)): type(v) for v, j in zip(values, judged_at) if not j}.values())
+        if _hooks_appeared(inert):
+            return None  # (a class whose instances ran no code gained a hook)
+        judged = list(itertools.compress(range(len(values)), judged_at))
+        mutable = [v for v in values if _class_assignable(v)]
+        return dataclasses.replace(
+            self,
+            sizes=sizes,
+            names=names,
+            value_types=list(map(type, values)),
+            pick=_picker(judged),
+            judged=tuple(values[i] for i in judged),
+            inert=inert,
+            values=values,
+            offsets=list(itertools.accumulate(sizes, initial=0))[:-1],
+            judged_at=judged_at,
+            mutable=mutable,
+            mutable_types=list(map(type, mutable)),
+        )
 
     def _still_inert(self, values: list[Any]) -> bool:
         """Whether every value that was not judged still needs no judging: the same type (one

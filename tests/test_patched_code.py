@@ -7,6 +7,7 @@ come from a library file, from fa4cache's own files, or from this test file (a p
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import gc
@@ -21,6 +22,7 @@ import pytest
 from fa4cache import dict_versions, patched_code
 
 NAME = "flash_attn.cute._fa4cache_probe"
+_ABSENT = object()
 
 
 @pytest.fixture
@@ -224,11 +226,21 @@ CHANGES = [
     "__dict__ replaced by one that looks empty", "lru_cache's __wrapped__", "callable instance's class",
     "an instance's class gains __call__", "an instance's class gains a base", "a held module's class",
     "a class's __module__ set where it is only held", "a name deleted and set again",
+    "a checked module's class", "a defined class's bases", "an immutable class's __module__, through gc",
 ]  # fmt: skip
 
 
 class _CallableModule(types.ModuleType):  # what a held submodule's __class__ can become
     __call__ = _hot_fix
+
+
+class _UsersModule(types.ModuleType):  # what a checked module's __class__ can become
+    def __getattribute__(self, name: str) -> object:
+        return _hot_fix if name == "call_mask_mod" else super().__getattribute__(name)
+
+
+class _UsersBase:  # what a defined class's bases can become: its methods come with it
+    def apply_mask(self) -> None: ...
 
 
 @pytest.mark.parametrize("way", ["by version tags", "by contents"])
@@ -283,6 +295,17 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(
 
     Elsewhere.__module__ = "os.path"
     module.Elsewhere = Elsewhere
+    module.array = array.array  # a class no Python code can change (an immutable type)
+
+    class LibraryBase:
+        pass
+
+    class Defined(LibraryBase):  # a class the module defines, on a library's base
+        pass
+
+    LibraryBase.__module__ = "os.path"
+    Defined.__module__ = NAME
+    module.Defined = Defined
     assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
     snap = patched_code._snapshot
     assert snap is not None  # the next call is answered by the snapshot's passes
@@ -321,15 +344,35 @@ def test_a_patch_made_after_a_walk_is_found_by_the_next(
         module.sub.__class__ = _CallableModule
     elif change == "a class's __module__ set where it is only held":
         Elsewhere.__module__ = "_fa4cache_users_code"  # (a class of the user's: no module vouches for it)
+    elif change == "a checked module's class":
+        module.__class__ = _UsersModule
+    elif change == "a defined class's bases":
+        module.Defined.__bases__ = (_UsersBase,)
+    elif change == "an immutable class's __module__, through gc":
+        held = gc.get_referents(vars(array.array))[0]
+        saved = held.get("__module__", _ABSENT)
+        held["__module__"] = "_fa4cache_users_code"
     elif change == "a name deleted and set again":
         del module.call_mask_mod  # the same names, in another order: the fix comes last
         module.call_mask_mod = _hot_fix
     else:
         text.__module__ = "__main__"  # text code outside the package: a patch
-    found = _found()
+    try:
+        found = _found()
+    finally:
+        if change == "a checked module's class":
+            module.__class__ = types.ModuleType
+        elif change == "an immutable class's __module__, through gc":
+            if saved is _ABSENT:
+                del held["__module__"]
+            else:
+                held["__module__"] = saved
     where = {
         "text code's module": "(<string>)",
         "a class's __module__ set where it is only held": "'_fa4cache_users_code'",
+        "an immutable class's __module__, through gc": "'_fa4cache_users_code'",
+        "a checked module's class": "_UsersModule",
+        "a defined class's bases": "_UsersBase",
     }.get(change, __file__)
     assert len(found) == 1 and where in found[0], found
     if change == "assigned":  # undone: clean again
@@ -509,3 +552,76 @@ def test_the_warm_up_waits_for_a_package_still_being_imported(module: types.Modu
     t0 = time.monotonic()
     patched_code._settled(timeout=5)
     assert 0.25 < time.monotonic() - t0 < 4
+
+
+class _Plain:  # an instance that runs no code, until its class is assigned
+    pass
+
+
+@pytest.mark.parametrize("lands", ["a flag's new value", "a submodule's name on its package"])
+def test_a_value_landing_while_the_snapshot_is_taken_is_watched_as_it_is_held(
+    module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, lands: str
+) -> None:
+    # The warm-up walks for a second while the process goes on: a value set after its module
+    # was walked and before the tags are read is in place when they are read, and its module's
+    # tag never moves again. A later change to that value (its class assigned one that runs
+    # code) must still be seen.
+    module.FLAG = None
+    taken = patched_code._Snapshot.tagged
+    late = _Plain() if lands == "a flag's new value" else types.ModuleType(NAME + ".late")
+
+    def tagged_after_a_change(snap: patched_code._Snapshot) -> patched_code._Snapshot:
+        if lands == "a flag's new value":
+            module.FLAG = late
+        else:
+            module.late = late
+        return taken(snap)
+
+    monkeypatch.setattr(patched_code._Snapshot, "tagged", tagged_after_a_change)
+    assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
+    late.__class__ = _Fixer if lands == "a flag's new value" else _CallableModule
+    found = _found()
+    name = "FLAG" if lands == "a flag's new value" else "late"
+    assert len(found) == 1 and found[0].startswith(f"{NAME}.{name} "), found
+
+
+class _CopyingModule(types.ModuleType):  # answers vars() with a copy of what it holds
+    @property  # type: ignore[misc]
+    def __dict__(self) -> dict[str, object]:  # type: ignore[override]
+        return dict(types.ModuleType.__dict__["__dict__"].__get__(self))
+
+
+class _CopyingMeta(type):  # a class's vars() as a copy
+    @property  # type: ignore[misc]
+    def __dict__(self) -> types.MappingProxyType[str, object]:  # type: ignore[override]
+        return types.MappingProxyType(dict(type.__dict__["__dict__"].__get__(self)))
+
+
+_CopyingModule.__module__ = _CopyingMeta.__module__ = "os.path"  # (as a library's)
+
+
+@pytest.mark.parametrize("copies", ["a module", "a class"])
+def test_a_namespace_shown_as_a_copy_is_compared_by_its_contents(
+    module: types.ModuleType, copies: str
+) -> None:
+    # A tag says something only of the dict that holds the names: where vars() answers with
+    # another, the snapshot compares contents.
+    class Defined(metaclass=_CopyingMeta):
+        pass
+
+    Defined.__module__ = NAME
+    module.Defined = Defined
+    if copies == "a module":
+        module.__class__ = _CopyingModule
+    try:
+        assert [f for f in patched_code.runtime_patches(snapshot=True) if f.startswith(NAME)] == []
+        assert patched_code._snapshot is not None and patched_code._snapshot.tags is None
+        if copies == "a module":
+            module.call_mask_mod = _hot_fix
+        else:
+            Defined.apply_mask = _hot_fix
+        found = _found()
+    finally:
+        module.__class__ = types.ModuleType
+    want = f"{NAME}.call_mask_mod " if copies == "a module" else f"{NAME}.Defined.apply_mask "
+    assert len(found) == 1 and found[0].startswith(want), found

@@ -214,11 +214,14 @@ def _start_early(call: tuple[Any, Any]) -> None:
     call to it as the call starts, before FA4 keys, looks up and compiles the forward: the
     backward, the step's slowest kernel, then starts that much sooner. Workers that find its
     kernels stored take nothing; each call's backward goes once to a server."""
-    if not enabled() or getattr(_tl, "busy", False):
+    if getattr(_tl, "busy", False):
         return
     _tl.busy = True
     try:
-        _start_backward(call)
+        server = _server
+        # (a server that died is started again at a miss, never by a call that may miss nothing)
+        if server is not None and server.proc.poll() is None and enabled():
+            _start_backward(call)
     except Exception as e:  # only a head start: the forward's miss hands it over as before
         log.debug("fa4cache: backward not started ahead of the forward: %s: %s", type(e).__name__, e)
     finally:
@@ -241,13 +244,16 @@ def _start_backward(call: tuple[Any, Any], kernels: int = BACKWARD_KERNELS) -> N
         return
     sent = (tc.id, repr(job))
     with _lock:
-        if sent in _sent:
+        if sent in _sent or server is not _server:  # (replaced meanwhile: the next call sends it)
             return
         _sent.add(sent)
     n = children(kernels)
     # No targets: each worker lists the job's kernels and takes those nobody holds or has.
     task = CompileTask(jobs=(job,), ahead=True, toolchain=tc.id, fork=n)
-    server.submit(task)
+    if not server.submit(task):
+        with _lock:
+            _sent.discard(sent)  # (the server is gone: a later call or miss hands it over)
+        return
     log.info("fa4cache: compiling the backward kernels ahead in %d background worker(s)", n)
 
 

@@ -334,3 +334,50 @@ def test_a_forward_call_hands_its_backward_to_the_running_server_before_it_runs(
     monkeypatch.setattr(ahead, "_server", server())
     forward(64)
     assert [t.jobs for t in submitted][-1] == ("job-d64",) and len(submitted) == 3
+
+
+def test_a_head_start_that_cannot_be_given_never_costs_the_forward_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A setting that does not parse, a server that died, a server that refuses the task: the
+    forward call runs as without compile-ahead, a dead server is not started again by a call
+    that may miss nothing, and a refused backward is handed over at the next call."""
+    import types
+
+    from fa4cache.adapters.compile import ahead
+
+    from fa4cache.store import runtime
+
+    accepted: list[Any] = []
+    answer = {"accept": False}
+    started: list[bool] = []
+
+    def submit(task: Any) -> bool:
+        if answer["accept"]:
+            accepted.append(task)
+        return answer["accept"]
+
+    alive = types.SimpleNamespace(
+        proc=types.SimpleNamespace(poll=lambda: None), submit=submit, close=lambda wait: None
+    )
+    dead = types.SimpleNamespace(
+        proc=types.SimpleNamespace(poll=lambda: -9), submit=submit, close=lambda wait: None
+    )
+    monkeypatch.setattr(ahead, "_sent", set())
+    monkeypatch.setattr(ahead, "_get_server", lambda: started.append(True) or ahead._server)
+    store = types.SimpleNamespace(writable=True, counters=types.SimpleNamespace(counted=lambda name: 0))
+    monkeypatch.setattr(runtime, "installed_store", lambda: store)
+    monkeypatch.setattr(runtime, "current_toolchain", lambda: types.SimpleNamespace(id="tc"))
+    monkeypatch.setattr(ahead, "backward_job", lambda args, kwargs: "job")
+    forward = ahead.wrap_forward(lambda: "out")
+
+    monkeypatch.setattr(ahead, "_server", dead)
+    assert forward() == "out" and started == []  # no server started by the call itself
+    monkeypatch.setattr(ahead, "_server", alive)
+    monkeypatch.setenv("FA4CACHE_COMPILE_AHEAD", "maybe")
+    assert forward() == "out"  # (the setting's error is the miss path's to report)
+    monkeypatch.setenv("FA4CACHE_COMPILE_AHEAD", "1")
+    assert forward() == "out" and accepted == []  # refused
+    answer["accept"] = True
+    assert forward() == "out" and [t.jobs for t in accepted] == [("job",)]  # handed over again
+    assert forward() == "out" and len(accepted) == 1
