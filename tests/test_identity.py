@@ -559,6 +559,31 @@ def test_near_misses_name_fa4s_key_fields() -> None:
     assert _field("[3].i", names) == names[3]
 
 
+def test_a_miss_reads_fa4s_key_names_only_when_a_message_names_a_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reading FA4's source for its key names cost a process's first miss (a compile server
+    # child's too) 10-30 ms before its compile: a miss with nothing to say never reads it.
+    from fa4cache.adapters.fa4 import key_names
+
+    from fa4cache import warmth
+    from fa4cache.store.store import Store
+    from tests.helpers.fake_compiler import FakeCompiled, FakeFA4
+
+    reads: list[bool] = []
+    monkeypatch.setattr(
+        key_names, "_tables", lambda: reads.append(True) or {"bwd": [("head_dim", "dtype", "seqlen")]}
+    )
+    warmth._storm_state.clear()
+    fa = FakeFA4(Store.at(tmp_path / "s"), "bwd")
+    with caplog.at_level(logging.INFO, logger="fa4cache"):
+        assert (128, "bf16", 1000) not in fa.cache  # a first miss, on an empty store
+        fa.cache[(128, "bf16", 1000)] = FakeCompiled(0)
+        assert reads == [] and "miss:" not in caplog.text
+        assert (128, "bf16", 1001) not in fa.cache  # a near miss: its line names the field
+    assert reads == [True] and "differs in seqlen" in caplog.text, caplog.text
+
+
 @pytest.mark.compile
 def test_warm_compiles_on_purpose_even_when_the_job_expects_warm(tmp_path: Path) -> None:
     from tests.conftest import run_cli

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fa4cache.adapters.fa4 import events, fail_open
 from fa4cache.adapters.fa4.events import MissEvent, MissStage
 from fa4cache.adapters.fa4.fail_open import Stage
-from fa4cache.adapters.fa4.key_names import field_names, kind_for  # noqa: F401  (kind_for: imported from here too)
+from fa4cache.adapters.fa4.key_names import LazyFieldNames, kind_for  # noqa: F401  (kind_for: imported from here too)
 
 from fa4cache import warmth
 from fa4cache.hashing import encode_key, key_digest
@@ -272,7 +272,7 @@ class StoreCompileCache:
             events.notify(MissEvent(MissStage.LOADED, self.kind, key, ref, time.perf_counter() - t0))
             return True
         store.counters.add("misses")
-        names = field_names(self.kind, len(key)) if isinstance(key, tuple) else None
+        names = LazyFieldNames(self.kind, len(key)) if isinstance(key, tuple) else None
         # warm compiles on purpose (ahead_off): its misses are no news, and no unexpected compile.
         on_purpose = ahead_is_off()
         try:
