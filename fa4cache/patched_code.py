@@ -26,7 +26,8 @@ whose methods come with it, is a patch.
 Not seen: values replaced at run time (a module constant), a partial's keywords changed in
 place, text code that names a checked module as its own, a library function put in
 another's place, what a wrapper calls through its closure (``__wrapped__`` is followed, not
-the closure's cells), the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
+the closure's cells), an object that a partial passes or an ``lru_cache`` wraps and that ran
+no code when it was walked but does later (its class gains ``__call__``, or is assigned one), the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
 many to walk at every process start), and a patch made after the first kernel's key (the
 check runs once).
 """
@@ -220,7 +221,10 @@ class _Walked:
     judged: list[bool]  # per value: a class, or something that runs code (_runs_python)
     value_types: list[type]  # per value: its class (an instance's, a module's can be assigned)
     inert: tuple[type, ...]  # the types of the others, each once (_hooks_appeared)
-    frame: Any = None  # what the container is beyond its namespace (_frame), as judged
+    frame: Any = None  # what the container is beyond its namespace (_frame), as judged,
+    frame_modules: list[Any] = dataclasses.field(default_factory=list)  # and its classes' __module__
+    hooked: list[type] = dataclasses.field(default_factory=list)  # classes of callable instances held,
+    hook_keys: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)  # with their hooks (_hook_key)
 
 
 _dict_of = operator.attrgetter("__dict__")
@@ -315,6 +319,32 @@ def _hooks_appeared(types_: tuple[type, ...]) -> bool:
 _MOCKS = ("unittest.mock",)
 
 
+def _is_mock(value: Any) -> bool:
+    """A ``unittest.mock`` object: it runs whatever it was told to (read from the class's own
+    namespace: a class made by ``type()`` in text code may have no ``__module__``)."""
+    return type(value).__dict__.get("__module__") in _MOCKS
+
+
+def _needs_judging(value: Any) -> bool:
+    """Whether a value that takes another's place must be judged: a class, something that
+    runs Python, a mock."""
+    return isinstance(value, type) or _runs_python(value) or _is_mock(value)
+
+
+def _hook_key(klass: type) -> tuple[Any, ...]:
+    """The Python ``__call__`` and ``__get__`` a class gives its instances, names and functions
+    laid flat (compared with ``==``: strings and plain functions, which compare by identity)."""
+    return tuple(x for pair in _class_hooks(klass) for x in pair)
+
+
+def _frame_classes(frame: Any) -> tuple[type, ...]:
+    """The classes a container's frame brings in (:func:`_frame`): a class's bases, or a
+    module's class where it is not ``ModuleType`` itself."""
+    if isinstance(frame, tuple):
+        return frame[1:]
+    return () if frame is types.ModuleType else (frame,)
+
+
 _walk_lock = threading.Lock()
 # (id(module or class), the module name it was walked under) -> it, what its walk saw. The
 # name is part of the key: one module object listed under two names (cutlass.cuda is
@@ -360,7 +390,7 @@ def _walk(
     found += [
         f"{qualname}.{n} (a {type(v).__name__} of unittest.mock)"
         for n, v in zip(names, values)
-        if type(v).__module__ in _MOCKS
+        if _is_mock(v)
     ]
     if module is not None and not module.startswith(_GENERATED):
         classes = [
@@ -393,6 +423,7 @@ def _walk(
     )
     holders, attrs, targets = (list(t) for t in zip(*links)) if links else ([], [], [])
     links_ = (holders, attrs, targets)
+    hooked = list({id(t): t for _, a, t in links if a == "__class__"}.values())
     walked = _Walked(
         names,
         values,
@@ -408,6 +439,7 @@ def _walk(
         list(map(type, values)),
         inert,
     )
+    walked.hooked, walked.hook_keys = hooked, list(map(_hook_key, hooked))
     return walked, stable and not _hooks_appeared(inert)
 
 
@@ -423,10 +455,7 @@ def _frame(obj: Any) -> Any:
 
 def _frame_found(qualname: str, obj: Any, frame: Any, own: tuple[str, ...]) -> list[str]:
     """The classes of the user's that ``frame`` brings in: a module's class, a class's bases."""
-    if isinstance(obj, type):
-        what, classes = "a base", frame[1:]
-    else:
-        what, classes = "its class", (() if frame is types.ModuleType else (frame,))
+    what, classes = ("a base" if isinstance(obj, type) else "its class"), _frame_classes(frame)
     return [
         f"{qualname} ({what} {getattr(k, '__qualname__', k)} of {m!r})"
         for k in classes
@@ -441,6 +470,8 @@ def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...], frame: 
     return (
         seen.own == own
         and seen.frame is frame
+        and _same(_type_modules(list(_frame_classes(frame))), seen.frame_modules)
+        and list(map(_hook_key, seen.hooked)) == seen.hook_keys
         and list(members) == seen.names
         and _same(members.values(), seen.values)
         and _same(map(type, seen.values), seen.value_types)
@@ -471,6 +502,7 @@ def _container(
     if not _unchanged(seen, members, own, frame):
         seen, stable = _walk(qualname, members, own, module, outer)
         seen.frame = frame
+        seen.frame_modules = _type_modules(list(_frame_classes(frame)))
         seen.found += _frame_found(qualname, obj, frame, own)
         if not stable or _frame(obj) is not frame:
             return seen, "unstable"
@@ -553,6 +585,8 @@ class _Snapshot:
     mutable: list[Any]
     mutable_types: list[type]
     frames: list[Any]  # each container's _frame, as judged
+    hooked: list[type]  # the classes of the callable instances held,
+    hook_keys: list[tuple[Any, ...]]  # with the hooks they gave them (_hook_key)
     tags: _Tags | None = None
 
     @classmethod
@@ -589,12 +623,25 @@ class _Snapshot:
         # code, which decides that, is seen in `codes`).
         dressed = [i for i, f in enumerate(filled) if f]
         texts = [i for i, c in enumerate(codes) if _is_text(c.co_filename)]
-        classes = list({id(t): t for w in walked for t in w.types_}.values())
+        # The classes held, and those the containers' frames bring in (bases, a module's class):
+        # each one's __module__ as its record judged it.
+        judged_classes = [
+            (t, m)
+            for w in walked
+            for t, m in itertools.chain(
+                zip(w.types_, w.type_modules), zip(_frame_classes(w.frame), w.frame_modules)
+            )
+        ]
+        classes = list({id(t): t for t, _ in judged_classes}.values())
         first: dict[int, Any] = {}
+        for t, m in judged_classes:
+            if first.setdefault(id(t), m) is not m:
+                agree = False  # (another thread set it between two records' walks)
+        hooked: dict[int, tuple[type, tuple[Any, ...]]] = {}
         for w in walked:
-            for t, m in zip(w.types_, w.type_modules):
-                if first.setdefault(id(t), m) is not m:
-                    agree = False  # (another thread set it between two records' walks)
+            for k, key in zip(w.hooked, w.hook_keys):
+                if hooked.setdefault(id(k), (k, key))[1] != key:
+                    agree = False
         if not agree:
             return None
         offsets = list(itertools.accumulate((len(w.names) for w in walked), initial=0))[:-1]
@@ -629,6 +676,8 @@ class _Snapshot:
             mutable=mutable,
             mutable_types=list(map(type, mutable)),
             frames=[w.frame for w in walked],
+            hooked=[k for k, _ in hooked.values()],
+            hook_keys=[key for _, key in hooked.values()],
         )
 
     def changed(self, imported: list[tuple[str, Any]]) -> tuple[str | None, list[tuple[str, Any]]]:
@@ -663,7 +712,7 @@ class _Snapshot:
                 return "a name removed from a module or class"
             grew = [i for i, (n, m) in enumerate(zip(sizes, self.sizes)) if n != m]
             new = [v for i in grew for v in itertools.islice(members[i].values(), self.sizes[i], None)]
-            if any(isinstance(v, type) or _runs_python(v) for v in new):
+            if any(map(_needs_judging, new)):
                 return "a function, wrapper or class added to a module or class"
             names = list(map(itertools.islice, members, self.sizes))
             values = list(map(itertools.islice, map(_values_of, members), self.sizes))
@@ -713,17 +762,21 @@ class _Snapshot:
             return "a name removed from a module or class"
         if [k for k, _ in items[:n]] != self.names[off : off + n]:
             return "a module's or class's names"
-        if any(isinstance(v, type) or _runs_python(v) for _, v in items[n:]):
+        if any(_needs_judging(v) for _, v in items[n:]):
             return "a function, wrapper or class added to a module or class"
         then = zip(self.values[off : off + n], self.judged_at[off : off + n])
         for (_, v), (was, judged) in zip(items, then):
-            if v is not was and (judged or isinstance(v, type) or _runs_python(v)):
+            if v is not was and (judged or _needs_judging(v)):
                 return "a function, wrapper or class held"
         return None
 
     def _object_checks(self) -> tuple[tuple[str, Any], ...]:
         return (
             ("a module's class or a class's bases", lambda: _same(map(_frame, self.containers), self.frames)),
+            (
+                "a callable instance's class's hooks",
+                lambda: list(map(_hook_key, self.hooked)) == self.hook_keys,
+            ),
             ("a function's code", lambda: _same(map(_code_of, self.fns), self.codes)),
             ("a function's attributes", lambda: _same(_filled(list(map(_dict_of, self.fns))), self.filled)),
             ("a function's __wrapped__ or mark", lambda: _same(_dress(self.dressed), self.dress)),
@@ -793,7 +846,7 @@ class _Snapshot:
                     if not judged and type(v) is not self.value_types[off + j] and _runs_python(v):
                         return None  # (its class was assigned one that runs code)
                     judged_at.append(judged)
-                elif (j < n and self.judged_at[off + j]) or isinstance(v, type) or _runs_python(v):
+                elif (j < n and self.judged_at[off + j]) or _needs_judging(v):
                     return None  # (changed after the check: judged again at the next call)
                 else:
                     judged_at.append(False)
@@ -824,7 +877,7 @@ class _Snapshot:
         if _same(map(type, values), self.value_types):
             return True
         moved = map(operator.is_not, map(type, values), self.value_types)  # (picked in C, then judged)
-        return not any(isinstance(v, type) or _runs_python(v) for v in itertools.compress(values, moved))
+        return not any(map(_needs_judging, itertools.compress(values, moved)))
 
 
 @dataclass(frozen=True)

@@ -582,6 +582,10 @@ def test_a_miss_reads_fa4s_key_names_only_when_a_message_names_a_field(
         assert reads == [] and "miss:" not in caplog.text
         assert (128, "bf16", 1001) not in fa.cache  # a near miss: its line names the field
     assert reads == [True] and "differs in seqlen" in caplog.text, caplog.text
+    fa.cache[(128, "bf16", 1001)] = FakeCompiled(1)
+    with caplog.at_level(logging.WARNING, logger="fa4cache"):  # a line nobody would see:
+        assert (64, "bf16", 1001) not in fa.cache  # neither the names nor the stored keys read
+    assert reads == [True] and "miss: the closest key" not in caplog.text.split("differs in seqlen")[-1]
 
 
 @pytest.mark.compile

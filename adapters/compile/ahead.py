@@ -210,17 +210,20 @@ BACKWARD_KERNELS = 4
 
 
 def _start_early(call: tuple[Any, Any]) -> None:
-    """While this process's compile server runs (a cold store), hand the backward of a forward
-    call to it as the call starts, before FA4 keys, looks up and compiles the forward: the
-    backward, the step's slowest kernel, then starts that much sooner. Workers that find its
-    kernels stored take nothing; each call's backward goes once to a server."""
+    """While this process's compile server runs (a cold store) and forwards still compile, hand
+    the backward of a forward call to it as the call starts, before FA4 keys, looks up and
+    compiles the forward: the backward, the step's slowest kernel, then starts that much
+    sooner. Workers that find its kernels stored take nothing; each call's backward goes once
+    to a server."""
     if getattr(_tl, "busy", False):
         return
     _tl.busy = True
     try:
         server = _server
-        # (a server that died is started again at a miss, never by a call that may miss nothing)
-        if server is not None and server.proc.poll() is None and enabled():
+        # Only while forward calls still compile (the first, and each after one that did): a
+        # step whose forwards all load hands nothing over (a new shape goes at its miss), and a
+        # server that died is started again at a miss, never by a call that may miss nothing.
+        if _quiet_forwards == 0 and server is not None and server.proc.poll() is None and enabled():
             _start_backward(call)
     except Exception as e:  # only a head start: the forward's miss hands it over as before
         log.debug("fa4cache: backward not started ahead of the forward: %s: %s", type(e).__name__, e)

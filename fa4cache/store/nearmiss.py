@@ -180,11 +180,16 @@ def report(
     # warm's misses (its generation calls' too) are its job, not news: never a warning there.
     first = first and not quiet and not counters.is_warm_process()
     _seen_kinds.add(ref.kind)
+    level = logging.WARNING if first else logging.INFO
+    from fa4cache import warmth
+
+    if not log.isEnabledFor(level) and warmth.mode() == "off":
+        return None  # nobody reads the line: the stored keys are not read either
     try:
         why = explain(store, ref, encoded, names)
     except Exception as e:  # a diagnostic must never cost the compile
         log.debug("fa4cache: could not explain a miss: %s", e)
         return None
     if why is not None:
-        log.log(logging.WARNING if first else logging.INFO, "fa4cache: %s", why)
+        log.log(level, "fa4cache: %s", why)
     return why

@@ -4,6 +4,7 @@ no worker outliving its parent."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -369,6 +370,7 @@ def test_a_head_start_that_cannot_be_given_never_costs_the_forward_call(
     monkeypatch.setattr(runtime, "installed_store", lambda: store)
     monkeypatch.setattr(runtime, "current_toolchain", lambda: types.SimpleNamespace(id="tc"))
     monkeypatch.setattr(ahead, "backward_job", lambda args, kwargs: "job")
+    monkeypatch.setattr(ahead, "_misses", itertools.count().__next__)  # every call compiles
     forward = ahead.wrap_forward(lambda: "out")
 
     monkeypatch.setattr(ahead, "_server", dead)
@@ -381,3 +383,9 @@ def test_a_head_start_that_cannot_be_given_never_costs_the_forward_call(
     answer["accept"] = True
     assert forward() == "out" and [t.jobs for t in accepted] == [("job",)]  # handed over again
     assert forward() == "out" and len(accepted) == 1
+    # After a forward that compiled nothing, the next call (another shape) waits for its miss.
+    monkeypatch.setattr(ahead, "_misses", lambda: 0)
+    forward()  # (the same shape, handed over already: it compiles nothing)
+    monkeypatch.setattr(ahead, "backward_job", lambda args, kwargs: "another shape's job")
+    forward()
+    assert len(accepted) == 1
