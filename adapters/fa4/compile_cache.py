@@ -276,7 +276,8 @@ class StoreCompileCache:
         # warm compiles on purpose (ahead_off): its misses are no news, and no unexpected compile.
         on_purpose = ahead_is_off()
         try:
-            why = nearmiss.report(store, ref, encoded, names, quiet=on_purpose)  # which fields differ
+            # which fields differ (read only where it is logged, or quoted by expect_warm)
+            why = nearmiss.report(store, ref, encoded, names, quiet=on_purpose, needed=warmth.mode() != "off")
         except Exception as e:
             fail_open.failed(Stage.STORE_READ, e, what="the near-miss report", store=store)
             why = None

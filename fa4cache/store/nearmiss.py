@@ -169,11 +169,18 @@ def _hint(fields: list[tuple[str, Any, Any]], names: Sequence[str] | None) -> st
 
 
 def report(
-    store: Any, ref: EntryRef, encoded: str, names: Sequence[str] | None = None, *, quiet: bool = False
+    store: Any,
+    ref: EntryRef,
+    encoded: str,
+    names: Sequence[str] | None = None,
+    *,
+    quiet: bool = False,
+    needed: bool = False,
 ) -> str | None:
     """Log :func:`explain` for a miss (see the module docstring) and return it; ``quiet``, or
     in a ``fa4cache warm`` process: at INFO level whatever it is (``warm`` misses on purpose). Never raises: it runs on the
-    compile path."""
+    compile path. Where the line would not be logged, nothing is read and None comes back,
+    unless the caller ``needed`` it (``FA4CACHE_EXPECT_WARM`` quotes it)."""
     from . import counters
 
     first = ref.kind not in _seen_kinds and not store.counters.by_kind.get(ref.kind, {}).get("disk_hits")
@@ -181,9 +188,7 @@ def report(
     first = first and not quiet and not counters.is_warm_process()
     _seen_kinds.add(ref.kind)
     level = logging.WARNING if first else logging.INFO
-    from fa4cache import warmth
-
-    if not log.isEnabledFor(level) and warmth.mode() == "off":
+    if not log.isEnabledFor(level) and not needed:
         return None  # nobody reads the line: the stored keys are not read either
     try:
         why = explain(store, ref, encoded, names)
