@@ -42,8 +42,8 @@ _decided = False
 
 
 def reader() -> Reader | None:
-    """A function from tag addresses (:func:`addresses`) to the tags there now, or None where
-    the tag cannot be trusted here (decided once per process; see the module's docstring)."""
+    """A function from dicts to their version tags, or None where the tag cannot be trusted
+    here (decided once per process; see the module's docstring)."""
     global _reader, _decided
     if _decided:
         return _reader
@@ -135,8 +135,10 @@ def addresses(dicts: Iterable[dict[Any, Any]]) -> list[int]:
 def _class_dict(klass: type) -> dict[Any, Any] | None:
     """The dict behind ``klass.__dict__`` (a read-only proxy of it), or None. (ctypes' classes
     keep theirs in a subclass of dict, written to through the same C calls.)"""
-    d = _proxied(_CLASS_DICT(klass))
-    return d if isinstance(d, dict) else None
+    import gc
+
+    inner = gc.get_referents(_CLASS_DICT(klass))
+    return inner[0] if len(inner) == 1 and isinstance(inner[0], dict) else None
 
 
 _MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__  # the interpreter's own getters:
@@ -159,7 +161,6 @@ def namespace(obj: Any) -> dict[Any, Any] | None:
 
 
 def _proxied(proxy: Any) -> Any:
-    """The mapping a ``mappingproxy`` shows, or None."""
     import gc
 
     inner = gc.get_referents(proxy) if isinstance(proxy, types.MappingProxyType) else []

@@ -27,9 +27,9 @@ Not seen: values replaced at run time (a module constant), a partial's keywords 
 place, text code that names a checked module as its own, a library function put in
 another's place, what a wrapper calls through its closure (``__wrapped__`` is followed, not
 the closure's cells), an object that a partial passes or an ``lru_cache`` wraps and that ran
-no code when it was walked but does later (its class gains ``__call__``, or is assigned one),
-the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too many to walk at
-every process start), and a patch made after the first kernel's key (the check runs once).
+no code when it was walked but does later (its class gains ``__call__``, or is assigned one), the methods of the DSL's generated MLIR op classes (``cutlass._mlir.*``: too
+many to walk at every process start), and a patch made after the first kernel's key (the
+check runs once).
 """
 
 from __future__ import annotations
@@ -175,8 +175,9 @@ def _foreign(fn: types.FunctionType, own: tuple[str, ...]) -> bool:
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time (a class statement, type())
-# Py_TPFLAGS_IMMUTABLETYPE: no attribute of the class, nor any instance's class, can be set
-_IMMUTABLE = 1 << 8
+_IMMUTABLE = (
+    1 << 8
+)  # Py_TPFLAGS_IMMUTABLETYPE: no attribute of the class, nor any instance's class, can be set
 
 
 def _foreign_class(klass: type, module: Any, own: tuple[str, ...]) -> bool:
@@ -437,9 +438,8 @@ def _walk(
         judged,
         list(map(type, values)),
         inert,
-        hooked=hooked,
-        hook_keys=list(map(_hook_key, hooked)),
     )
+    walked.hooked, walked.hook_keys = hooked, list(map(_hook_key, hooked))
     return walked, stable and not _hooks_appeared(inert)
 
 
@@ -453,18 +453,17 @@ def _frame(obj: Any) -> Any:
     return _MRO(obj) if isinstance(obj, type) else type(obj)
 
 
-def _frame_found(qualname: str, obj: Any, frame: Any, modules: list[Any], own: tuple[str, ...]) -> list[str]:
-    """The classes of the user's that ``frame`` brings in (a module's class, a class's bases),
-    each judged by its ``__module__`` in ``modules``."""
-    what = "a base" if isinstance(obj, type) else "its class"
+def _frame_found(qualname: str, obj: Any, frame: Any, own: tuple[str, ...]) -> list[str]:
+    """The classes of the user's that ``frame`` brings in: a module's class, a class's bases."""
+    what, classes = ("a base" if isinstance(obj, type) else "its class"), _frame_classes(frame)
     return [
         f"{qualname} ({what} {getattr(k, '__qualname__', k)} of {m!r})"
-        for k, m in zip(_frame_classes(frame), modules)
-        if _foreign_class(k, m, own)
+        for k in classes
+        if _foreign_class(k, m := vars(k).get("__module__"), own)
     ]
 
 
-def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...], frame: Any) -> bool:
+def _unchanged(seen: _Walked | None, members: Any, own: tuple[str, ...], frame: Any = None) -> bool:
     if seen is None:
         return False
     holders, attrs, targets = seen.links
@@ -504,7 +503,7 @@ def _container(
         seen, stable = _walk(qualname, members, own, module, outer)
         seen.frame = frame
         seen.frame_modules = _type_modules(list(_frame_classes(frame)))
-        seen.found += _frame_found(qualname, obj, frame, seen.frame_modules, own)
+        seen.found += _frame_found(qualname, obj, frame, own)
         if not stable or _frame(obj) is not frame:
             return seen, "unstable"
         how = "walked"
@@ -645,7 +644,7 @@ class _Snapshot:
                     agree = False
         if not agree:
             return None
-        offsets = _offsets(len(w.names) for w in walked)
+        offsets = list(itertools.accumulate((len(w.names) for w in walked), initial=0))[:-1]
         mutable = [v for v in values if _class_assignable(v)]
         return cls(
             imported=imported,
@@ -865,7 +864,7 @@ class _Snapshot:
             judged=tuple(values[i] for i in judged),
             inert=inert,
             values=values,
-            offsets=_offsets(sizes),
+            offsets=list(itertools.accumulate(sizes, initial=0))[:-1],
             judged_at=judged_at,
             mutable=mutable,
             mutable_types=list(map(type, mutable)),
@@ -885,18 +884,13 @@ class _Snapshot:
 class _Tags:
     """The version tags of the namespaces a snapshot read, as they were when it held."""
 
-    read: Any  # tag addresses -> the tags there now (dict_versions.reader())
+    read: Any  # dicts -> their tags (dict_versions.reader())
     dicts: list[dict[Any, Any]]  # each namespace once (a module's dict, a class's behind its proxy;
     # held, so that each lives while its address is read)
     addresses: list[int]  # where its tag lies,
     tags: list[int]  # its tag,
     containers: list[list[int]]  # the snapshot's containers it is the namespace of,
     classes: list[list[int]]  # and the classes of types_ whose __module__ it holds
-
-
-def _offsets(sizes: Any) -> list[int]:
-    """Where each container's names start in the snapshot's flat lists."""
-    return list(itertools.accumulate(sizes, initial=0))[:-1]
 
 
 def _class_assignable(value: Any) -> bool:

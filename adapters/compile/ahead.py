@@ -358,6 +358,7 @@ def _get_server(
             log.info("fa4cache: the compile server compiles for another target; starting one for this one")
             _server.close(wait=False)
             _server = None
+            _sent.clear()
         if _server is None or _server.proc.poll() is not None:
             _sent.clear()  # (a new server has been handed nothing)
             store = runtime.installed_store()
